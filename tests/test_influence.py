@@ -1,0 +1,114 @@
+"""Per-episode gradients, validation gradient, scores, filter and reweight."""
+import pytest
+import torch
+
+from influence import (binary_filter, episode_gradients, filter_and_reweight, influence_scores, random_filter,
+                       sft_nll, validation_gradient)
+from model import load_policy, lora_parameters
+from ppo import policy_loss
+from rollout import _score_tokens, encode_pairs, generate_rollouts, token_logprobs
+
+TEMPERATURE = 0.8
+
+
+@pytest.fixture
+def buffer(tiny_dir):
+    """A tiny policy with non-zero LoRA B, and 6 episodes with left-padded prompts of
+    different lengths and responses of different lengths."""
+    policy, tok = load_policy(tiny_dir, lora_targets=("q_proj", "v_proj", "down_proj"), quiet=True)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in lora_parameters(policy):
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    rollouts = generate_rollouts(policy, tok, ["Question: 12+30?\nAnswer:", "Q: 7?", "What is 1 more than 99?"],
+                                 n_samples=2, max_new_tokens=9, temperature=TEMPERATURE, seed=1, progress=False)
+    for i, length in enumerate([9, 4, 1, 7, 9, 2]):
+        rollouts.response_mask[i, length:] = 0
+        rollouts.response_ids[i, length:] = tok.pad_token_id
+    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = _score_tokens(policy, rollouts, TEMPERATURE, 4)
+    advantages = torch.randn(rollouts.response_mask.shape, generator=g) * rollouts.response_mask
+    return policy, tok, rollouts, advantages
+
+
+def test_episode_gradients_sum_to_gradient_of_summed_loss(buffer):
+    policy, _, rollouts, advantages = buffer
+    grads = episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE)
+    logprobs, _, _ = token_logprobs(policy, rollouts, TEMPERATURE)            # all 6 at once
+    total = policy_loss(logprobs, rollouts.old_logprobs, advantages, rollouts.response_mask, 0.2).sum()
+    params = lora_parameters(policy)
+    flat = torch.cat([g.reshape(-1) for g in torch.autograd.grad(total, params)])
+    assert grads.shape == (6, flat.numel())
+    assert (grads.norm(dim=1) > 0).all()
+    torch.testing.assert_close(grads.sum(0), flat, rtol=1e-4, atol=1e-6)
+
+
+def test_each_episode_gradient_equals_torch_func_gradient(buffer):
+    policy, _, rollouts, advantages = buffer
+    grads = episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE)
+    wrapper = EpisodeLoss(policy)
+    lora = {"policy." + n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" in n}
+    for i in range(len(rollouts)):
+        episode = rollouts.select([i])
+        per_sample = torch.func.grad(lambda params: torch.func.functional_call(
+            wrapper, params, (episode, advantages[i:i + 1])))(lora)
+        expected = torch.cat([g.reshape(-1) for g in per_sample.values()])
+        torch.testing.assert_close(grads[i], expected, rtol=1e-4, atol=1e-6)
+
+
+class EpisodeLoss(torch.nn.Module):
+    """L_i as a module, so torch.func can differentiate it functionally."""
+    def __init__(self, policy):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, episode, advantages):
+        lp, _, _ = token_logprobs(self.policy, episode, TEMPERATURE)
+        return policy_loss(lp, episode.old_logprobs, advantages, episode.response_mask, 0.2)[0]
+
+
+def test_scores_are_explicit_dot_products(buffer):
+    policy, tok, rollouts, advantages = buffer
+    val = encode_pairs(tok, ["Q: 2+2?", "Q: 10-3?", "Q: 5*5?"], ["#### 4", "10 - 3 = 7\n#### 7", "#### 25"])
+    g_val = validation_gradient(policy, val, batch_size=2)
+    # g_val is the gradient of one token-level mean NLL over the whole validation set
+    nll, n_tokens = sft_nll(policy, val)
+    direct = torch.cat([g.reshape(-1) for g in torch.autograd.grad(nll.sum() / n_tokens.sum(), lora_parameters(policy))])
+    torch.testing.assert_close(g_val, direct, rtol=1e-4, atol=1e-7)
+    grads = episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE)
+    scores = influence_scores(grads, g_val)
+    for i in range(len(rollouts)):
+        explicit = sum(float(a) * float(b) for a, b in zip(grads[i].tolist(), g_val.tolist()))
+        assert scores[i].item() == pytest.approx(explicit, rel=1e-4, abs=1e-9)
+
+
+def test_filter_and_reweight_invariants():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        scores = torch.randn(int(torch.randint(1, 20, (1,), generator=g)), generator=g, dtype=torch.float64)
+        keep, weights = filter_and_reweight(scores)
+        assert torch.equal(keep, scores > 0)
+        assert (weights[~keep] == 0).all() and (weights[keep] > 0).all()
+        if keep.any():
+            assert weights[keep].mean().item() == pytest.approx(1.0)
+            # weights are proportional to the scores
+            ratio = weights[keep] / scores[keep]
+            assert torch.allclose(ratio, ratio[0].expand_as(ratio))
+
+
+def test_nothing_kept_and_zero_scores_dropped():
+    keep, weights = filter_and_reweight(torch.tensor([-1.0, 0.0, -3.0]))
+    assert not keep.any() and (weights == 0).all()
+    keep, weights = filter_and_reweight(torch.tensor([0.0, 2.0, 6.0]))
+    assert keep.tolist() == [False, True, True] and weights.tolist() == [0.0, 0.5, 1.5]
+
+
+def test_binary_and_random_filters_keep_the_same_count():
+    scores = torch.tensor([0.3, -0.1, 2.0, -5.0, 0.0, 1.0])
+    keep, weights = binary_filter(scores)
+    assert keep.tolist() == [True, False, True, False, False, True] and weights.tolist() == [1, 0, 1, 0, 0, 1]
+    chosen = set()
+    for seed in range(20):
+        keep, weights = random_filter(scores, torch.Generator().manual_seed(seed))
+        assert keep.sum() == 3 and torch.equal(weights, keep.float())
+        chosen.add(tuple(keep.tolist()))
+    assert len(chosen) > 1  # really random, not the influence set

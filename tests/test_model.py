@@ -1,0 +1,78 @@
+"""LoRA layers, the reference policy as adapters-off, adapter save/load."""
+import pytest
+import torch
+
+from model import LoRALinear, adapters_disabled, load_adapter, load_policy, lora_parameters, save_adapter
+from rollout import encode_prompts
+
+
+def test_lora_linear_math():
+    torch.manual_seed(0)
+    base = torch.nn.Linear(5, 3)
+    layer = LoRALinear(base, rank=2, alpha=4.0)
+    x = torch.randn(7, 5)
+    torch.testing.assert_close(layer(x), base(x))          # B = 0: exactly the base layer
+    with torch.no_grad():
+        layer.lora_B.normal_()
+    expected = x @ base.weight.T + base.bias + 2.0 * x @ layer.lora_A.T @ layer.lora_B.T
+    torch.testing.assert_close(layer(x), expected)
+    assert not base.weight.requires_grad and layer.lora_A.requires_grad
+
+
+def test_fresh_adapters_equal_base_model(tiny_dir):
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir, attn_implementation="eager")
+    policy, tok = load_policy(tiny_dir, quiet=True)
+    ids, mask = encode_prompts(tok, ["Question: 2+2?", "Hi"])
+    with torch.no_grad():
+        logits, _ = policy(ids, mask, n_last=ids.shape[1])
+        ref = base(input_ids=ids, attention_mask=mask,
+                   position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    torch.testing.assert_close(logits, ref)
+
+
+def test_adapters_off_is_the_base_model_after_training(tiny_dir):
+    policy, tok = load_policy(tiny_dir, quiet=True)
+    ids, mask = encode_prompts(tok, ["Question: 2+2?", "Hi"])
+    with torch.no_grad():
+        before, _ = policy(ids, mask, n_last=3)
+    optimizer = torch.optim.SGD(lora_parameters(policy), lr=1.0)
+    for _ in range(3):
+        logits, _ = policy(ids, mask, n_last=3)
+        optimizer.zero_grad()
+        logits.logsumexp(-1).mean().neg().backward()
+        optimizer.step()
+    with torch.no_grad():
+        after, _ = policy(ids, mask, n_last=3)
+        with adapters_disabled(policy):
+            reference, _ = policy(ids, mask, n_last=3)
+        again, _ = policy(ids, mask, n_last=3)
+    assert (after - before).abs().max() > 1e-3             # training changed the policy
+    torch.testing.assert_close(reference, before)          # adapters off: the base model
+    torch.testing.assert_close(again, after)               # and the context restores them
+
+
+def test_unknown_lora_target_is_refused(tiny_dir):
+    with pytest.raises(ValueError, match="--lora-targets: no nn.Linear named \\['qq_proj'\\]"):
+        load_policy(tiny_dir, lora_targets=("q_proj", "qq_proj"), quiet=True)
+
+
+def test_adapter_round_trip(tiny_dir, tmp_path):
+    policy, _ = load_policy(tiny_dir, quiet=True)
+    with torch.no_grad():
+        for p in lora_parameters(policy):
+            p.normal_()
+        policy.value_head.weight.normal_()
+    save_adapter(policy, tmp_path / "ckpt", {"rank": 8})
+    other, _ = load_policy(tiny_dir, quiet=True)
+    load_adapter(other, tmp_path / "ckpt")
+    for (n, a), b in zip(policy.trainable_state().items(), other.trainable_state().values()):
+        assert torch.equal(a, b), n
+    wrong, _ = load_policy(tiny_dir, lora_rank=4, quiet=True)
+    with pytest.raises(SystemExit, match="do not fit this model's LoRA layout"):
+        load_adapter(wrong, tmp_path / "ckpt")
+
+
+def test_unreachable_hub_id_names_the_offline_default():
+    with pytest.raises(SystemExit, match="--model gemma-3-270m"):
+        load_policy("no-such-org/no-such-model", quiet=True)

@@ -1,0 +1,95 @@
+"""The PPO math against brute-force loops and hand-worked numbers."""
+import math
+
+import pytest
+import torch
+
+from ppo import clip_fraction, gae, kl_penalized_rewards, masked_mean, policy_loss, value_loss, whiten
+
+
+def brute_force_gae(rewards, values, length, gamma, lam):
+    """A_t = sum_l (gamma lam)^l delta_{t+l}, delta_t = r_t + gamma V_{t+1} - V_t, V_length = 0."""
+    v = list(values[:length]) + [0.0]
+    deltas = [rewards[t] + gamma * v[t + 1] - v[t] for t in range(length)]
+    adv = [sum((gamma * lam) ** l * deltas[t + l] for l in range(length - t)) for t in range(length)]
+    return adv, [a + v[t] for t, a in enumerate(adv)]
+
+
+@pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0), (0.5, 0.7)])
+def test_gae_matches_discounted_sums(gamma, lam):
+    g = torch.Generator().manual_seed(0)
+    N, T = 4, 7
+    rewards = torch.randn(N, T, generator=g, dtype=torch.float64)
+    values = torch.randn(N, T, generator=g, dtype=torch.float64)
+    lengths = [7, 3, 1, 5]
+    mask = torch.zeros(N, T, dtype=torch.float64)
+    for i, L in enumerate(lengths):
+        mask[i, :L] = 1
+    adv, ret = gae(rewards * mask, values * mask, mask, gamma, lam)
+    for i, L in enumerate(lengths):
+        a_ref, r_ref = brute_force_gae(rewards[i].tolist(), values[i].tolist(), L, gamma, lam)
+        assert adv[i, :L].tolist() == pytest.approx(a_ref, abs=1e-12)
+        assert ret[i, :L].tolist() == pytest.approx(r_ref, abs=1e-12)
+        assert (adv[i, L:] == 0).all() and (ret[i, L:] == 0).all()
+
+
+def test_gae_ignores_values_beyond_the_mask():
+    rewards = torch.tensor([[0.0, 1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    a1, _ = gae(rewards, torch.tensor([[0.5, 0.2, 0.0]]), mask, 1.0, 1.0)
+    a2, _ = gae(rewards, torch.tensor([[0.5, 0.2, 99.0]]), mask, 1.0, 1.0)
+    assert torch.equal(a1, a2)
+    torch.testing.assert_close(a1, torch.tensor([[0.5, 0.8, 0.0]]))  # 1 - 0.5, 1 - 0.2
+
+
+def test_policy_loss_hand_worked():
+    old = torch.zeros(2, 3)
+    logprobs = torch.log(torch.tensor([[1.5, 0.5, 1.0], [1.1, 0.7, 1.0]]))
+    adv = torch.tensor([[1.0, -1.0, 5.0], [2.0, 1.0, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    # episode 0: max(-1.5, -1.2) = -1.2; max(0.5, 0.8) = 0.8 -> mean -0.2
+    # episode 1: max(-2.2, -2.2) = -2.2; max(-0.7, -0.8) = -0.7 -> mean -1.45
+    assert policy_loss(logprobs, old, adv, mask, 0.2).tolist() == pytest.approx([-0.2, -1.45], abs=1e-6)
+    assert clip_fraction(logprobs, old, mask, 0.2).tolist() == pytest.approx([1.0, 0.5])
+
+
+def test_policy_loss_gradient_at_ratio_one_is_minus_advantage_times_score():
+    logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    loss = policy_loss(logprobs, logprobs.detach(), torch.tensor([[3.0, -1.0]]), torch.ones(1, 2), 0.2)
+    loss.sum().backward()
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[-1.5, 0.5]]))
+
+
+def test_value_loss_hand_worked():
+    values = torch.tensor([[1.0, 0.0, 7.0]])
+    old = torch.tensor([[0.5, 0.5, 0.0]])
+    returns = torch.tensor([[2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    # t0: max(1, (0.7-2)^2 = 1.69) / 2 = 0.845; t1: max(0, 0.3^2) / 2 = 0.045
+    assert value_loss(values, old, returns, mask, 0.2).tolist() == pytest.approx([0.445])
+
+
+def test_kl_penalized_rewards_put_score_on_last_token():
+    logprobs = torch.tensor([[-1.0, -1.0, -1.0], [-2.0, 0.0, 0.0]])
+    ref = torch.tensor([[-1.5, -0.5, -1.0], [-1.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    rewards, kl = kl_penalized_rewards(torch.tensor([1.0, 0.5]), logprobs, ref, mask, beta=0.1)
+    torch.testing.assert_close(kl, torch.tensor([[0.5, -0.5, 0.0], [-1.0, 0.0, 0.0]]))
+    torch.testing.assert_close(rewards, torch.tensor([[-0.05, 0.05, 1.0], [0.1 + 0.5, 0.0, 0.0]]))
+
+
+def test_whiten_uses_all_masked_tokens():
+    x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 4.0, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    y = whiten(x, mask)
+    vals = [1.0, 2.0, 3.0, 4.0, 5.0]
+    mean = sum(vals) / 5
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / 5)
+    assert y[mask.bool()].tolist() == pytest.approx([(v - mean) / std for v in vals], abs=1e-6)
+    assert y[0, 2] == 0
+
+
+def test_masked_mean_denominator_is_the_episode_token_count():
+    x = torch.tensor([[2.0, 4.0, 9.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    assert masked_mean(x, mask).tolist() == [3.0, 0.0]

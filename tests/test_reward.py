@@ -1,0 +1,110 @@
+"""Answer extraction, correctness, reward and data loading."""
+import json
+
+import pytest
+
+import reward
+from reward import extract_answer, is_correct, load_task, normalize_number, reward_fn
+
+EXTRACTION = [
+    # (completion, expected normalised answer or None)
+    ("She has 3 + 4 = 7 apples.\n#### 7", "7"),
+    ("#### 72", "72"),
+    ("####72", "72"),
+    ("The answer is\n#### -5", "-5"),
+    ("He loses 12 dollars.\n#### -12.", "-12"),
+    ("#### 3.50", "3.5"),
+    ("#### 0.25", "0.25"),
+    ("#### .5", "0.5"),
+    ("#### 1,000", "1000"),
+    ("#### 1,000.00", "1000"),
+    ("#### $1,234,567", "1234567"),
+    ("#### $ 18", "18"),
+    ("It costs $18.\n#### $18.00", "18"),
+    ("#### 10.", "10"),
+    ("#### -0", "0"),
+    ("#### 007", "7"),
+    ("first 5 then 6\n#### 6\nthen later #### 9", "9"),            # last #### wins
+    ("#### 4\n#### nothing here", "4"),                             # last parseable ####
+    ("no final marker, but 3 apples and 5 pears, so 8", "8"),      # last number
+    ("The total is 1,250 dollars.", "1250"),
+    ("Costs are 2.5, 3.5 and 4.75.", "4.75"),
+    ("1,2,3", "3"),                                                 # not a thousands number
+    ("I owe -3 dollars", "-3"),
+    ("The temperature is -2.50 degrees.", "-2.5"),
+    ("In 2024 she was 30.", "30"),
+    ("I don't know.", None),
+    ("", None),
+    ("####", None),
+    ("#### x", None),
+    ("answer: forty-two", None),
+    ("10 - 4 = 6", "6"),
+    ("5 * 3 = 15 so the answer is 15.\n\n", "15"),
+    ("#### 1000000000000", "1000000000000"),
+    ("the result is 12.000", "12"),
+    ("Total: $0.99", "0.99"),
+    ("#### 42 apples", "42"),
+]
+
+
+@pytest.mark.parametrize("text,expected", EXTRACTION)
+def test_extract_answer(text, expected):
+    assert extract_answer(text, "gsm8k") == expected
+
+
+def test_table_is_large_enough():
+    assert len(EXTRACTION) >= 30
+
+
+def test_normalize_number_equates_spellings():
+    assert normalize_number("1,000.00") == normalize_number("1000") == "1000"
+    assert normalize_number("-3.50") == "-3.5"
+    assert normalize_number("9" * 200) is None  # longer than any answer: refused, not parsed
+
+
+def test_reward_and_truncation_penalty():
+    assert reward_fn("so #### 18", "18") == 1.0
+    assert reward_fn("so #### 17", "18") == 0.0
+    assert reward_fn("nothing", "18") == 0.0
+    assert reward_fn("so #### 18", "18", truncated=True, truncation_penalty=0.5) == 0.5
+    assert reward_fn("so #### 17", "18", truncated=True, truncation_penalty=0.5) == -0.5
+    assert not is_correct(None, "18")
+
+
+def test_reward_never_evaluates_text():
+    assert reward_fn("#### __import__('os').system('echo hacked')", "0") == 0.0
+    assert extract_answer("#### 2**1000000") == "2"
+
+
+def test_load_local_gsm8k():
+    task = load_task("gsm8k", "train", source="local")
+    assert len(task.examples) == 7473 and "local file data/gsm8k/train.jsonl" in task.source
+    first = task.examples[0]
+    assert first.gold == "72" and "<<" not in first.solution and first.solution.endswith("#### 72")
+    assert len(load_task("gsm8k", "test", source="local").examples) == 1319
+
+
+@pytest.mark.parametrize("content,message", [
+    (b'{"question": "q", "answer": "a #### 1"}\n{not json\n', ":2: not valid JSON"),
+    (b'{"question": "q"}\n', ":1: missing or non-string field 'answer'"),
+    (b'{"question": "q", "answer": "no marker"}\n', ":1: the answer has no '#### N'"),
+    (b'{"question": "q", "answer": "#### many"}\n', ":1: the final answer after '####' is not a number"),
+    (b'', ": no examples (the file is empty)"),
+    (b'{"question": "q\xff", "answer": "#### 1"}\n', ":1: not valid UTF-8"),
+])
+def test_bad_data_names_file_and_line(tmp_path, monkeypatch, content, message):
+    (tmp_path / "gsm8k").mkdir()
+    path = tmp_path / "gsm8k" / "train.jsonl"
+    path.write_bytes(content)
+    monkeypatch.setattr(reward, "DATA_DIR", tmp_path)
+    with pytest.raises(SystemExit) as err:
+        load_task("gsm8k", "train", source="local")
+    assert str(path) + message in str(err.value)
+
+
+def test_unknown_task_and_missing_file(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match="--dataset 'nope': unknown task"):
+        load_task("nope", "train")
+    monkeypatch.setattr(reward, "DATA_DIR", tmp_path)
+    with pytest.raises(SystemExit, match="data file not found"):
+        load_task("gsm8k", "train", source="local")

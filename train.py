@@ -1,0 +1,506 @@
+"""I-PPO: Influence-Guided PPO post-training of an LLM on math word problems.
+
+Shu, Zhang, Hullman, "Learning from the Right Rollouts: Data Attribution for PPO-based LLM
+Post-Training", arXiv 2604.01597. One iteration (the algorithm box, `ppo_iteration` below):
+
+    rollout     sample n responses per prompt from pi_theta                 rollout.py
+    reward      score_i = exact match of the final answer                  reward.py
+    advantages  r_t = -beta (log pi - log pi_ref) + score at the last token;
+                A_t, R_t = GAE(gamma, lambda); A whitened over tokens       ppo.py
+    influence   s_i = grad L_clip_i . grad L_SFT(val); keep s_i > 0;
+                w_i = s_i / mean_kept s                                    influence.py
+    update      PPO epochs on the kept episodes:
+                (1/|D'|) sum_i w_i L_clip_i + c_v (1/|D'|) sum_i L_V_i - c_e H   ppo.py
+
+`--influence off` is plain PPO; `--algo sft` trains the adapters on reference solutions.
+Run `python train.py --help` for every flag; the README explains the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from evaluate import evaluate
+from influence import (binary_filter, episode_gradients, filter_and_reweight, influence_scores, random_filter,
+                       sft_nll, validation_gradient)
+from model import OFFLINE_DEFAULT, load_adapter, load_policy, save_adapter
+from ppo import clip_fraction, gae, kl_penalized_rewards, masked_mean, policy_loss, value_loss, whiten
+from reward import TASKS, load_task, make_prompt, reward_fn
+from rollout import encode_pairs, generate_rollouts, token_logprobs
+
+
+def flag(default, help, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class Config:
+    # what to train
+    model: str = flag(OFFLINE_DEFAULT, "hub id (google/gemma-3-1b-it), local directory, or the offline default")
+    dataset: str = flag("gsm8k", "task to train and evaluate on", choices=TASKS)
+    data_source: str = flag("auto", "auto: the hub unless HF_HUB_OFFLINE=1 or unreachable, else data/", choices=("auto", "hub", "local"))
+    algo: str = flag("ppo", "ppo (with or without influence) or sft (LoRA on reference solutions)", choices=("ppo", "sft"))
+    influence: str = flag("on", "on: I-PPO; off: plain PPO", choices=("on", "off"))
+    reweight: bool = flag(True, "weight kept episodes by s_i / mean kept s (--no-reweight: binary filter)")
+    random_filter: bool = flag(False, "control: drop as many episodes as influence would, chosen at random")
+    init_adapter: str = flag("", "start from this checkpoint's LoRA adapters (e.g. an --algo sft run)")
+    # schedule and sampling
+    iterations: int = flag(100, "training iterations (PPO: one rollout buffer each; SFT: one batch each)")
+    prompts_per_iter: int = flag(16, "training questions per iteration")
+    samples_per_prompt: int = flag(4, "sampled responses per question (N = prompts x samples episodes)")
+    max_new_tokens: int = flag(256, "response length limit in tokens; longer responses are truncated")
+    temperature: float = flag(1.0, "sampling temperature; log-probs use logits / temperature")
+    gen_batch_size: int = flag(16, "episodes per generate() and no-grad forward call")
+    # PPO (Schulman et al. 2017) and the KL-penalised reward
+    ppo_epochs: int = flag(2, "passes over the kept episodes per iteration")
+    minibatch_size: int = flag(16, "episodes per optimizer step")
+    micro_batch_size: int = flag(4, "episodes per forward/backward (memory only; does not change the math)")
+    lr: float = flag(5e-5, "AdamW learning rate for LoRA and value head")
+    max_grad_norm: float = flag(1.0, "gradient clipping (global L2 norm)")
+    clip_eps: float = flag(0.2, "PPO ratio clip epsilon")
+    value_clip_eps: float = flag(0.2, "value clip epsilon")
+    vf_coef: float = flag(0.1, "value-loss coefficient c_v")
+    ent_coef: float = flag(0.0, "entropy bonus coefficient c_e")
+    kl_beta: float = flag(0.05, "per-token KL penalty beta against the reference policy")
+    gamma: float = flag(1.0, "discount")
+    lam: float = flag(0.95, "GAE lambda")
+    truncation_penalty: float = flag(0.0, "subtracted from the reward of a response cut off at --max-new-tokens")
+    # influence
+    val_size: int = flag(32, "validation set for g_val: the last K rows of the training split (never trained on)")
+    val_batch_size: int = flag(8, "validation examples per forward/backward for g_val")
+    stop_below_kept: float = flag(0.0, "optional stop rule: end the run once the kept fraction falls below this (0 = off)")
+    # SFT
+    sft_batch_size: int = flag(8, "--algo sft: reference solutions per optimizer step")
+    # LoRA
+    lora_rank: int = flag(8, "LoRA rank r")
+    lora_alpha: float = flag(16.0, "LoRA alpha (scale alpha / r)")
+    lora_targets: str = flag("q_proj,k_proj,v_proj,o_proj", "comma-separated linear layers that get adapters")
+    # evaluation, output, reproducibility
+    eval_every: int = flag(10, "greedy exact-match evaluation every K iterations, before the first and after the last (0 = off)")
+    eval_limit: int = flag(50, "evaluate on the first K problems of the test split")
+    eval_max_new_tokens: int = flag(256, "response length limit for evaluation")
+    run_dir: str = flag("", "where to write the run (default runs/<time>-<algo>)")
+    resume: str = flag("", "continue the run in this directory from its latest checkpoint")
+    keep_checkpoints: int = flag(2, "how many most recent checkpoints to keep")
+    seed: int = flag(0, "the one seed: data order, sampling, random filter")
+    device: str = flag("auto", "auto (cuda > mps > cpu), cpu, cuda or mps")
+    trust_remote_code: bool = flag(False, "allow a hub model to run its own code (off unless asked)")
+    progress: bool = flag(True, "tqdm progress bars (--no-progress to hide)")
+
+    def validate(self) -> None:
+        """Refuse nonsense at start, naming the flag."""
+        def need(ok, name, what):
+            if not ok:
+                raise SystemExit(f"--{name.replace('_', '-')}: {what} (got {getattr(self, name)!r})")
+        for name in ("iterations", "prompts_per_iter", "samples_per_prompt", "max_new_tokens", "gen_batch_size",
+                     "ppo_epochs", "minibatch_size", "micro_batch_size", "val_size", "val_batch_size",
+                     "sft_batch_size", "lora_rank", "eval_limit", "eval_max_new_tokens", "keep_checkpoints"):
+            need(getattr(self, name) > 0, name, "must be a positive integer")
+        for name in ("temperature", "lr", "clip_eps", "value_clip_eps", "lora_alpha", "max_grad_norm"):
+            need(getattr(self, name) > 0, name, "must be > 0")
+        for name in ("vf_coef", "ent_coef", "kl_beta", "truncation_penalty", "eval_every"):
+            need(getattr(self, name) >= 0, name, "must be >= 0")
+        need(0 <= self.gamma <= 1, "gamma", "must be in [0, 1]")
+        need(0 <= self.lam <= 1, "lam", "must be in [0, 1]")
+        need(0 <= self.stop_below_kept < 1, "stop_below_kept", "must be in [0, 1)")
+        need(self.lora_targets.strip() != "", "lora_targets", "must name at least one layer")
+        need(not (self.influence == "off" and self.random_filter), "random_filter",
+             "needs --influence on (it drops as many episodes as the scores would)")
+        need(not (self.influence == "off" and not self.reweight), "reweight",
+             "--no-reweight needs --influence on")
+
+
+def parse_config(argv=None) -> Config:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(Config):
+        name = "--" + f.name.replace("_", "-")
+        if f.type in (bool, "bool"):
+            parser.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+        else:
+            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+            parser.add_argument(name, type=kind, default=f.default, choices=f.metadata.get("choices"),
+                                help=f.metadata["help"])
+    args = parser.parse_args(argv)
+    cfg = Config(**vars(args))
+    if cfg.resume:
+        cfg = resumed_config(cfg, parser)
+    cfg.validate()
+    return cfg
+
+
+def resumed_config(cfg: Config, parser) -> Config:
+    """--resume uses the run's saved config.json; only --iterations may be changed."""
+    path = Path(cfg.resume) / "config.json"
+    if not path.exists():
+        raise SystemExit(f"--resume {cfg.resume}: no config.json there (not a run directory)")
+    saved = Config(**json.loads(path.read_text()))
+    ignored = [f.name for f in dataclasses.fields(Config) if f.name not in ("resume", "iterations", "progress")
+               and getattr(cfg, f.name) != parser.get_default(f.name)]
+    if ignored:
+        print(f"[resume] ignoring {', '.join('--' + n.replace('_', '-') for n in ignored)}: "
+              f"a resumed run keeps its config.json", file=sys.stderr)
+    saved.resume, saved.run_dir, saved.progress = cfg.resume, cfg.resume, cfg.progress
+    if cfg.iterations != parser.get_default("iterations"):
+        saved.iterations = cfg.iterations
+    return saved
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def derived_seed(seed: int, iteration: int, purpose: int) -> int:
+    """Every random draw of an iteration comes from (seed, iteration, purpose), so a resumed
+    run draws exactly what the uninterrupted run would have."""
+    return (seed * 1_000_003 + iteration * 7_919 + purpose) % (2**63)
+
+
+SAMPLING, FILTER, SHUFFLE = 1, 2, 3
+
+
+def batch_indices(n_examples: int, iteration: int, batch: int, seed: int) -> list[int]:
+    """The training rows of an iteration: consecutive slices of a seeded permutation per epoch."""
+    out = []
+    for position in range(iteration * batch, (iteration + 1) * batch):
+        epoch, offset = divmod(position, n_examples)
+        order = torch.randperm(n_examples, generator=torch.Generator().manual_seed(derived_seed(seed, epoch, SHUFFLE)))
+        out.append(int(order[offset]))
+    return out
+
+
+class Timer:
+    """Seconds per named phase of an iteration."""
+    def __init__(self):
+        self.seconds = {}
+
+    @contextmanager
+    def __call__(self, name):
+        t0 = time.time()
+        yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.time() - t0
+
+
+def chunks(index: torch.Tensor, size: int):
+    return [index[s:s + size] for s in range(0, len(index), size)]
+
+
+# ----------------------------------------------------------------------------- the algorithm
+
+def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_examples, val_seqs, timer) -> tuple[dict, list]:
+    """One I-PPO iteration, the algorithm box of the paper. Returns (metrics, episode records)."""
+    examples = [train_examples[i] for i in batch_indices(len(train_examples), it, cfg.prompts_per_iter, cfg.seed)]
+
+    with timer("rollout"):
+        rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
+                                     n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
+                                     temperature=cfg.temperature, seed=derived_seed(cfg.seed, it, SAMPLING),
+                                     batch_size=cfg.gen_batch_size, progress=cfg.progress)
+        mask = rollouts.response_mask                                                    # (N, T)
+        golds = [examples[j].gold for j in rollouts.prompt_index]
+
+    with timer("reward"):
+        scores = torch.tensor([reward_fn(text, gold, cfg.dataset, bool(trunc), cfg.truncation_penalty)
+                               for text, gold, trunc in zip(rollouts.responses, golds, rollouts.truncated)],
+                              device=mask.device)                                        # (N,)
+
+    with timer("advantages"):
+        rewards, kl = kl_penalized_rewards(scores, rollouts.old_logprobs, rollouts.ref_logprobs, mask, cfg.kl_beta)
+        advantages, returns = gae(rewards, rollouts.values, mask, cfg.gamma, cfg.lam)   # (N, T) each
+        advantages = whiten(advantages, mask)
+
+    with timer("influence"):
+        keep, weights, influence = select_episodes(it, cfg, policy, rollouts, advantages, val_seqs)
+
+    with timer("update"):
+        if keep.any():
+            update = ppo_update(it, cfg, policy, optimizer, rollouts, advantages, returns, keep, weights)
+        else:
+            update = {"skipped": True}
+            print(f"[it {it + 1}] every episode scored <= 0: update skipped", file=sys.stderr)
+
+    correct = torch.tensor([reward_fn(t, g, cfg.dataset) for t, g in zip(rollouts.responses, golds)])
+    metrics = {
+        "reward": scores.mean().item(), "accuracy": correct.mean().item(),
+        "truncated": rollouts.truncated.float().mean().item(), "response_tokens": mask.sum(-1).mean().item(),
+        "episodes": len(rollouts), "kept": int(keep.sum()), "kept_fraction": keep.float().mean().item(),
+        "kl": (kl.sum() / mask.sum().clamp(min=1)).item(),  # mean over all response tokens
+        **influence, **update,
+    }
+    episodes = [{"iteration": it + 1, "prompt": examples[j].question, "gold": golds[i], "response": rollouts.responses[i],
+                 "reward": scores[i].item(), "truncated": bool(rollouts.truncated[i]),
+                 "score": influence["scores"][i] if "scores" in influence else None,
+                 "kept": bool(keep[i]), "weight": weights[i].item()}
+                for i, j in enumerate(rollouts.prompt_index)]
+    metrics.pop("scores", None)
+    return metrics, episodes
+
+
+def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs):
+    """Influence scores at theta_old and the kept set D' with its weights.
+    Returns (keep (N,) bool, weights (N,), metrics dict)."""
+    N = len(rollouts)
+    if cfg.influence == "off":  # plain PPO: every episode, weight 1
+        return torch.ones(N, dtype=torch.bool, device=advantages.device), torch.ones(N, device=advantages.device), {}
+    g_val = validation_gradient(policy, val_seqs, cfg.val_batch_size, progress=cfg.progress)          # (P,)
+    grads = episode_gradients(policy, rollouts, advantages, clip_eps=cfg.clip_eps,
+                              temperature=cfg.temperature, progress=cfg.progress)                    # (N, P)
+    scores = influence_scores(grads, g_val)                                                           # (N,)
+    if not torch.isfinite(scores).all():
+        raise FloatingPointError(f"iteration {it + 1}: influence scores contain NaN/inf (phase: influence)")
+    if cfg.random_filter:
+        keep, weights = random_filter(scores, torch.Generator().manual_seed(derived_seed(cfg.seed, it, FILTER)))
+    elif cfg.reweight:
+        keep, weights = filter_and_reweight(scores)
+    else:
+        keep, weights = binary_filter(scores)
+    return keep, weights, {"score_mean": scores.mean().item(), "score_min": scores.min().item(),
+                           "score_max": scores.max().item(), "positive_fraction": (scores > 0).float().mean().item(),
+                           "g_val_norm": g_val.norm().item(), "scores": scores.tolist()}
+
+
+def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns, keep, weights) -> dict:
+    """PPO epochs over the kept episodes D'. Per optimizer step on a minibatch M of D':
+        loss = (1/|M|) sum_{i in M} [ w_i L_clip_i + c_v L_V_i - c_e H_i ]
+    (per-episode losses are token means; the value loss is unweighted, our choice). With
+    --minibatch-size >= |D'| this is exactly the objective of the algorithm box."""
+    kept = keep.nonzero().squeeze(-1).cpu()
+    generator = torch.Generator().manual_seed(derived_seed(cfg.seed, it, SHUFFLE))
+    sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0}
+    n_seen = 0
+    steps = [(e, mb) for e in range(cfg.ppo_epochs) for mb in chunks(kept[torch.randperm(len(kept), generator=generator)],
+                                                                     cfg.minibatch_size)]
+    for epoch, minibatch in tqdm(steps, desc="updating", unit="step", disable=not cfg.progress, leave=False):
+        optimizer.zero_grad(set_to_none=True)
+        for micro in chunks(minibatch, cfg.micro_batch_size):
+            part = rollouts.select(micro)
+            logprobs, values, entropy = token_logprobs(policy, part, cfg.temperature)         # (n, T) each
+            pg = policy_loss(logprobs, part.old_logprobs, advantages[micro], part.response_mask, cfg.clip_eps)  # (n,)
+            vf = value_loss(values, part.values, returns[micro], part.response_mask, cfg.value_clip_eps)       # (n,)
+            ent = masked_mean(entropy, part.response_mask)                                    # (n,)
+            loss = ((weights[micro] * pg).sum() + cfg.vf_coef * vf.sum() - cfg.ent_coef * ent.sum()) / len(minibatch)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"iteration {it + 1}: loss is NaN/inf (phase: update, epoch {epoch + 1})")
+            loss.backward()
+            sums["policy_loss"] += pg.sum().item()
+            sums["value_loss"] += vf.sum().item()
+            sums["entropy"] += ent.sum().item()
+            sums["clip_fraction"] += clip_fraction(logprobs, part.old_logprobs, part.response_mask, cfg.clip_eps).sum().item()
+            n_seen += len(micro)
+        torch.nn.utils.clip_grad_norm_([p for p in policy.parameters() if p.requires_grad], cfg.max_grad_norm)
+        optimizer.step()
+    # Reported: unweighted means over every episode visit of every epoch.
+    return {k: v / n_seen for k, v in sums.items()} | {"optimizer_steps": len(steps)}
+
+
+def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_examples, timer) -> tuple[dict, list]:
+    """One SFT step: loss = (sum of NLL over the batch's reference tokens) / (their count)."""
+    examples = [train_examples[i] for i in batch_indices(len(train_examples), it, cfg.sft_batch_size, cfg.seed)]
+    with timer("update"):
+        seqs = encode_pairs(tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
+                            [e.solution for e in examples], device=policy.device)
+        n_tokens = seqs.response_mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for micro in chunks(torch.arange(len(seqs)), cfg.micro_batch_size):
+            nll, _ = sft_nll(policy, seqs.select(micro))
+            loss = nll.sum() / n_tokens
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"iteration {it + 1}: SFT loss is NaN/inf (phase: update)")
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_([p for p in policy.parameters() if p.requires_grad], cfg.max_grad_norm)
+        optimizer.step()
+    return {"sft_loss": total, "tokens": int(n_tokens)}, []
+
+
+# ----------------------------------------------------------------------------- run directory
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def lora_settings(cfg: Config) -> dict:
+    return {"model": cfg.model, "targets": cfg.lora_targets.split(","), "rank": cfg.lora_rank, "alpha": cfg.lora_alpha}
+
+
+def save_checkpoint(run_dir: Path, iteration: int, cfg: Config, policy, optimizer) -> Path:
+    """checkpoints/iter_NNNNNN/: adapter (safetensors), optimizer state, RNG state, iteration.
+    Written into a temporary directory, renamed into place, then `latest` is switched, so a
+    crash at any moment leaves the previous complete checkpoint as `latest`."""
+    from safetensors.torch import save_file
+
+    root = run_dir / "checkpoints"
+    final = root / f"iter_{iteration:06d}"
+    tmp = root / f".tmp_iter_{iteration:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_adapter(policy, tmp, lora_settings(cfg))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    save_file(rng, tmp / "rng.safetensors")
+    (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "config": dataclasses.asdict(cfg)}, indent=2))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    write_atomic(root / "latest", final.name + "\n")
+    for old in sorted(root.glob("iter_*"))[:-cfg.keep_checkpoints]:
+        shutil.rmtree(old)
+    return final
+
+
+def resolve_checkpoint(path: str) -> Path:
+    """A checkpoint directory, or a run directory (its latest checkpoint)."""
+    p = Path(path)
+    if (p / "checkpoints" / "latest").exists():
+        p = p / "checkpoints" / (p / "checkpoints" / "latest").read_text().strip()
+    if not (p / "adapter.safetensors").exists():
+        raise SystemExit(f"{path}: neither a checkpoint directory nor a run directory with checkpoints")
+    return p
+
+
+def load_checkpoint(run_dir: Path, policy, optimizer) -> int:
+    """Restore adapters, value head, optimizer and RNG; returns the completed iteration count."""
+    from safetensors.torch import load_file
+
+    ckpt = resolve_checkpoint(str(run_dir))
+    load_adapter(policy, ckpt)
+    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
+    rng = load_file(ckpt / "rng.safetensors")
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+    return json.loads((ckpt / "state.json").read_text())["iteration"]
+
+
+def truncate_jsonl(path: Path, last_iteration: int) -> None:
+    """Drop records written after the checkpoint we resume from (a crash may have left some)."""
+    if path.exists():
+        lines = [l for l in path.read_text().splitlines() if l and json.loads(l).get("iteration", 0) <= last_iteration]
+        write_atomic(path, "".join(l + "\n" for l in lines))
+
+
+def append_jsonl(path: Path, records: list[dict]) -> None:
+    with open(path, "a") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+def log_line(it: int, cfg: Config, m: dict, seconds: dict) -> str:
+    phases = " ".join(f"{k} {v:.1f}" for k, v in seconds.items())
+    if cfg.algo == "sft":
+        body = f"sft loss {m['sft_loss']:.4f} ({m['tokens']} tokens)"
+    else:
+        body = (f"reward {m['reward']:.3f} acc {m['accuracy']:.3f} trunc {m['truncated']:.2f} len {m['response_tokens']:.0f} | "
+                f"kept {m['kept']}/{m['episodes']}")
+        if "score_mean" in m:
+            body += f" score {m['score_mean']:+.2e} [{m['score_min']:+.2e}, {m['score_max']:+.2e}]"
+        body += f" | kl {m['kl']:.4f}"
+        if not m.get("skipped"):
+            body += (f" pg {m['policy_loss']:+.4f} vf {m['value_loss']:.4f} ent {m['entropy']:.3f} "
+                     f"clip {m['clip_fraction']:.3f}")
+    line = f"[it {it + 1:>3}/{cfg.iterations}] {body} | s: {phases}"
+    if "eval_accuracy" in m:
+        line += f" | eval acc {m['eval_accuracy']:.3f} ({m['eval_n']} problems)"
+    return line
+
+
+def run_eval(cfg, policy, tokenizer, eval_examples) -> dict:
+    result = evaluate(policy, tokenizer, eval_examples, cfg.dataset, max_new_tokens=cfg.eval_max_new_tokens,
+                      batch_size=cfg.gen_batch_size, progress=cfg.progress)
+    return {"eval_accuracy": result["accuracy"], "eval_stderr": result["stderr"], "eval_n": result["n"],
+            "eval_unparsed": result["n_unparsed"], "eval_truncated": result["n_truncated"]}
+
+
+# ----------------------------------------------------------------------------- main
+
+def main(argv=None) -> Path:
+    cfg = parse_config(argv)
+    torch.manual_seed(cfg.seed)
+    run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}"
+                   f"{'' if cfg.algo == 'sft' else ('-influence' if cfg.influence == 'on' else '-plain')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not cfg.resume and (run_dir / "checkpoints" / "latest").exists():
+        raise SystemExit(f"--run-dir {run_dir}: already holds a run; use --resume {run_dir} or another directory")
+    write_atomic(run_dir / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2))
+    print("[config] " + " ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()), file=sys.stderr)
+
+    policy, tokenizer = load_policy(cfg.model, device=cfg.device, lora_targets=cfg.lora_targets.split(","),
+                                    lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+                                    trust_remote_code=cfg.trust_remote_code)
+    context = policy.lm.config.get_text_config().max_position_embeddings
+    if cfg.max_new_tokens >= context:
+        raise SystemExit(f"--max-new-tokens {cfg.max_new_tokens}: longer than the model's context ({context} tokens)")
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
+
+    train_task = load_task(cfg.dataset, "train", cfg.data_source)
+    test_task = load_task(cfg.dataset, "test", cfg.data_source)
+    if cfg.val_size >= len(train_task.examples):
+        raise SystemExit(f"--val-size {cfg.val_size}: the training split has only {len(train_task.examples)} rows")
+    # Our choice: the validation set is the last val_size rows of the training split, the same
+    # for every seed, and never used as a training prompt.
+    train_examples, val_examples = train_task.examples[:-cfg.val_size], train_task.examples[-cfg.val_size:]
+    eval_examples = test_task.examples[:cfg.eval_limit]
+    print(f"[data] train {len(train_examples)} + validation {len(val_examples)} rows from {train_task.source}; "
+          f"eval {len(eval_examples)} rows from {test_task.source}", file=sys.stderr)
+    val_seqs = encode_pairs(tokenizer, [make_prompt(e.question, cfg.dataset) for e in val_examples],
+                            [e.solution for e in val_examples], device=policy.device)
+
+    start = 0
+    if cfg.resume:
+        start = load_checkpoint(run_dir, policy, optimizer)
+        for name in ("metrics.jsonl", "episodes.jsonl"):
+            truncate_jsonl(run_dir / name, start)
+        print(f"[resume] {run_dir}: continuing after iteration {start}", file=sys.stderr)
+    elif cfg.init_adapter:
+        # SFT trains no value head: only the LoRA tensors are taken.
+        load_adapter(policy, resolve_checkpoint(cfg.init_adapter), with_value_head=False)
+        print(f"[init] LoRA adapters from {resolve_checkpoint(cfg.init_adapter)}", file=sys.stderr)
+    (run_dir / "data.json").write_text(json.dumps({"train": train_task.source, "test": test_task.source,
+                                                   "val_rows": [e.where for e in val_examples]}, indent=2))
+
+    if start == 0 and cfg.eval_every:
+        m = run_eval(cfg, policy, tokenizer, eval_examples)
+        append_jsonl(run_dir / "metrics.jsonl", [{"iteration": 0, **m}])
+        print(f"[it   0/{cfg.iterations}] eval acc {m['eval_accuracy']:.3f} ({m['eval_n']} problems, before training)")
+
+    for it in range(start, cfg.iterations):
+        timer = Timer()
+        if cfg.algo == "sft":
+            metrics, episodes = sft_iteration(it, cfg, policy, tokenizer, optimizer, train_examples, timer)
+        else:
+            metrics, episodes = ppo_iteration(it, cfg, policy, tokenizer, optimizer, train_examples, val_seqs, timer)
+        last = it + 1 == cfg.iterations
+        stop = cfg.stop_below_kept > 0 and metrics.get("kept_fraction", 1.0) < cfg.stop_below_kept
+        if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or last or stop):
+            with timer("eval"):
+                metrics |= run_eval(cfg, policy, tokenizer, eval_examples)
+        metrics["seconds"] = dict(timer.seconds)
+        print(log_line(it, cfg, metrics, timer.seconds), flush=True)
+        append_jsonl(run_dir / "episodes.jsonl", episodes)
+        append_jsonl(run_dir / "metrics.jsonl", [{"iteration": it + 1, **metrics}])
+        save_checkpoint(run_dir, it + 1, cfg, policy, optimizer)
+        if stop:
+            print(f"[stop] kept fraction {metrics['kept_fraction']:.2f} < --stop-below-kept {cfg.stop_below_kept}")
+            break
+    print(f"[done] run directory: {run_dir}")
+    return run_dir
+
+
+if __name__ == "__main__":
+    main()
