@@ -9,7 +9,7 @@ Public functions:
     encode_prompts(tokenizer, texts)                 -> (ids, mask), chat template if any
     encode_pairs(tokenizer, prompts, responses)      -> Sequences (reference solutions, for SFT)
     generate_rollouts(policy, tokenizer, prompts, ...) -> Rollouts
-    token_logprobs(policy, seqs, temperature)        -> (logprobs, values, entropy), each (N, T)
+    token_logprobs(policy, seqs, temperature)        -> (logprobs, values, entropy or None), (N, T)
 """
 
 from __future__ import annotations
@@ -95,11 +95,11 @@ def encode_pairs(tokenizer, prompts: list[str], responses: list[str], device="cp
     return Sequences(prompt_ids.to(device), prompt_mask.to(device), response_ids.to(device), response_mask.to(device))
 
 
-def token_logprobs(policy, seqs: Sequences, temperature: float = 1.0):
+def token_logprobs(policy, seqs: Sequences, temperature: float = 1.0, with_entropy: bool = False):
     """log pi(a_t | s_t) of each response token, the value V(s_t) of the state before it, and
-    the entropy of pi(. | s_t); logits are divided by `temperature` (that is the distribution
-    the tokens were sampled from). Returns three (N, T) fp32 tensors, zero outside the mask.
-    Gradients flow if called with grad enabled."""
+    (if `with_entropy`, else None) the entropy of pi(. | s_t); logits are divided by
+    `temperature` (that is the distribution the tokens were sampled from). Returns (N, T) fp32
+    tensors, zero outside the mask. Gradients flow if called with grad enabled."""
     # Drop prompt columns that are padding in every row (cheaper; positions come from the mask).
     start = int(seqs.prompt_mask.any(0).long().argmax())
     prompt_ids, prompt_mask = seqs.prompt_ids[:, start:], seqs.prompt_mask[:, start:]
@@ -111,9 +111,9 @@ def token_logprobs(policy, seqs: Sequences, temperature: float = 1.0):
     logits, values = logits[:, :-1] / temperature, values[:, :-1]          # (N, T, V), (N, T)
     logp_all = torch.log_softmax(logits, dim=-1)                            # (N, T, V)
     logprobs = logp_all.gather(-1, seqs.response_ids.unsqueeze(-1)).squeeze(-1)   # (N, T)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)                          # (N, T)
     mask = seqs.response_mask
-    return logprobs * mask, values * mask, entropy * mask
+    entropy = -(logp_all.exp() * logp_all).sum(-1) * mask if with_entropy else None   # (N, T)
+    return logprobs * mask, values * mask, entropy
 
 
 @torch.no_grad()

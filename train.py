@@ -284,7 +284,7 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
         optimizer.zero_grad(set_to_none=True)
         for micro in chunks(minibatch, cfg.micro_batch_size):
             part = rollouts.select(micro)
-            logprobs, values, entropy = token_logprobs(policy, part, cfg.temperature)         # (n, T) each
+            logprobs, values, entropy = token_logprobs(policy, part, cfg.temperature, with_entropy=True)  # (n, T)
             pg = policy_loss(logprobs, part.old_logprobs, advantages[micro], part.response_mask, cfg.clip_eps)  # (n,)
             vf = value_loss(values, part.values, returns[micro], part.response_mask, cfg.value_clip_eps)       # (n,)
             ent = masked_mean(entropy, part.response_mask)                                    # (n,)
@@ -503,4 +503,9 @@ def main(argv=None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except FloatingPointError as err:
+        # The update was not applied; the checkpoint of the previous iteration is intact.
+        raise SystemExit(f"[error] {err}. Nothing was updated; --resume continues from the last good "
+                         "checkpoint (see checkpoints/latest).") from err

@@ -96,3 +96,13 @@ def test_help_documents_every_flag_with_its_default():
         name = "--" + f.name.replace("_", "-")
         assert name in flat, name
     assert flat.count("(default:") >= len(dataclasses.fields(train.Config))
+
+
+def test_iteration_with_every_episode_dropped_skips_the_update(tiny_dir, tmp_path):
+    # Without the truncation penalty the tiny model's rewards are all 0: the advantages, and so
+    # every score, are 0; nothing is kept and the update is skipped, not crashed.
+    run_dir = run(tiny_dir, tmp_path / "r", "--iterations", "1", "--eval-every", "0", "--truncation-penalty", "0",
+                  "--seed", "3")
+    row = metrics(run_dir)[0]
+    assert row["accuracy"] == 0 and row["reward"] == 0
+    assert row["kept"] == 0 and row["skipped"] is True and "policy_loss" not in row
