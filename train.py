@@ -166,7 +166,7 @@ def derived_seed(seed: int, iteration: int, purpose: int) -> int:
     return (seed * 1_000_003 + iteration * 7_919 + purpose) % (2**63)
 
 
-SAMPLING, FILTER, SHUFFLE = 1, 2, 3
+SAMPLING, FILTER, SHUFFLE, MINIBATCHES = 1, 2, 3, 4
 
 
 def batch_indices(n_examples: int, iteration: int, batch: int, seed: int) -> list[int]:
@@ -275,7 +275,7 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
     (per-episode losses are token means; the value loss is unweighted, our choice). With
     --minibatch-size >= |D'| this is exactly the objective of the algorithm box."""
     kept = keep.nonzero().squeeze(-1).cpu()
-    generator = torch.Generator().manual_seed(derived_seed(cfg.seed, it, SHUFFLE))
+    generator = torch.Generator().manual_seed(derived_seed(cfg.seed, it, MINIBATCHES))
     sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0}
     n_seen = 0
     steps = [(e, mb) for e in range(cfg.ppo_epochs) for mb in chunks(kept[torch.randperm(len(kept), generator=generator)],
