@@ -126,18 +126,28 @@ class Policy(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids, attention_mask, n_last: int):
+    def hidden_states(self, input_ids, attention_mask, n_last: int) -> torch.Tensor:
+        """The final hidden states of the last `n_last` positions, (N, n_last, H)."""
         # Left padding: positions count real tokens only, as generate() does.
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         out = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
                                     position_ids=position_ids, use_cache=False)
-        hidden = out.last_hidden_state[:, -n_last:]                        # (N, n_last, H)
-        logits = self.lm.get_output_embeddings()(hidden).float()           # (N, n_last, V)
-        softcap = getattr(self.lm.config.get_text_config(), "final_logit_softcapping", None)
-        if softcap is not None:
-            logits = softcap * torch.tanh(logits / softcap)
-        values = self.value_head(hidden.float()).squeeze(-1)               # (N, n_last)
-        return logits, values
+        return out.last_hidden_state[:, -n_last:]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Next-token logits from hidden states, fp32, with Gemma's soft-capping if configured."""
+        logits = self.lm.get_output_embeddings()(hidden).float()
+        if self.softcap is not None:
+            logits = self.softcap * torch.tanh(logits / self.softcap)
+        return logits
+
+    @property
+    def softcap(self):
+        return getattr(self.lm.config.get_text_config(), "final_logit_softcapping", None)
+
+    def forward(self, input_ids, attention_mask, n_last: int):
+        hidden = self.hidden_states(input_ids, attention_mask, n_last)     # (N, n_last, H)
+        return self.logits(hidden), self.value_head(hidden.float()).squeeze(-1)   # (N, n_last, V), (N, n_last)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """LoRA and value-head tensors by name: what a checkpoint stores."""

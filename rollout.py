@@ -95,25 +95,80 @@ def encode_pairs(tokenizer, prompts: list[str], responses: list[str], device="cp
     return Sequences(prompt_ids.to(device), prompt_mask.to(device), response_ids.to(device), response_mask.to(device))
 
 
-def token_logprobs(policy, seqs: Sequences, temperature: float = 1.0, with_entropy: bool = False):
+def token_logprobs(policy, seqs: Sequences, temperature: float = 1.0, with_entropy: bool = False,
+                   lean: bool = True):
     """log pi(a_t | s_t) of each response token, the value V(s_t) of the state before it, and
     (if `with_entropy`, else None) the entropy of pi(. | s_t); logits are divided by
     `temperature` (that is the distribution the tokens were sampled from). Returns (N, T) fp32
-    tensors, zero outside the mask. Gradients flow if called with grad enabled."""
+    tensors, zero outside the mask. Gradients flow if called with grad enabled.
+
+    lean=True (the default) applies the LM head only at real response tokens, in chunks, and
+    recomputes those logits in the backward pass (TargetLogProb), so memory grows with the
+    number of response tokens times the chunk, never with N x T x vocabulary. lean=False is
+    the plain reference: full logits, log_softmax, gather (tests check the two agree)."""
     # Drop prompt columns that are padding in every row (cheaper; positions come from the mask).
     start = int(seqs.prompt_mask.any(0).long().argmax())
     prompt_ids, prompt_mask = seqs.prompt_ids[:, start:], seqs.prompt_mask[:, start:]
     T = seqs.response_ids.shape[1]
     input_ids = torch.cat([prompt_ids, seqs.response_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, seqs.response_mask.long()], dim=1)
-    # Position P-1+t predicts response token t: keep the last T+1 positions, drop the final one.
-    logits, values = policy(input_ids, attention_mask, n_last=T + 1)
-    logits, values = logits[:, :-1] / temperature, values[:, :-1]          # (N, T, V), (N, T)
-    logp_all = torch.log_softmax(logits, dim=-1)                            # (N, T, V)
-    logprobs = logp_all.gather(-1, seqs.response_ids.unsqueeze(-1)).squeeze(-1)   # (N, T)
     mask = seqs.response_mask
-    entropy = -(logp_all.exp() * logp_all).sum(-1) * mask if with_entropy else None   # (N, T)
-    return logprobs * mask, values * mask, entropy
+    # Position P-1+t predicts response token t: keep the last T+1 positions, drop the final one.
+    hidden = policy.hidden_states(input_ids, attention_mask, n_last=T + 1)[:, :-1]   # (N, T, H)
+    values = policy.value_head(hidden.float()).squeeze(-1) * mask                     # (N, T)
+    if lean and policy.softcap is None:
+        where = mask.bool()
+        weight = policy.lm.get_output_embeddings().weight                             # (V, H), frozen
+        lp, ent = TargetLogProb.apply(hidden[where], weight, seqs.response_ids[where], temperature)   # (M,)
+        logprobs = torch.zeros_like(mask).masked_scatter(where, lp)
+        entropy = torch.zeros_like(mask).masked_scatter(where, ent) if with_entropy else None
+        return logprobs, values, entropy
+    logp_all = torch.log_softmax(policy.logits(hidden) / temperature, dim=-1)        # (N, T, V)
+    logprobs = logp_all.gather(-1, seqs.response_ids.unsqueeze(-1)).squeeze(-1)      # (N, T)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) * mask if with_entropy else None  # (N, T)
+    return logprobs * mask, values, entropy
+
+
+LOGIT_CHUNK = 256  # positions per LM-head chunk: peak extra memory is 3 x 256 x vocab floats
+
+
+class TargetLogProb(torch.autograd.Function):
+    """For M hidden states h (M, H), a frozen LM head W (V, H) and targets a (M,):
+        z = h W^T / temperature,  log p(a) = z_a - logsumexp(z),  H = -sum_k p_k log p_k.
+    Computed LOGIT_CHUNK rows at a time; backward recomputes z per chunk, using
+        d log p(a) / dz = onehot(a) - p,   dH / dz = -p (log p + H),   dh = (dz / temperature) W."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature):
+        if weight.requires_grad:
+            raise ValueError("TargetLogProb assumes a frozen LM head (it returns no weight gradient)")
+        logp = torch.empty(len(targets), device=hidden.device)
+        entropy = torch.empty(len(targets), device=hidden.device)
+        for s in range(0, len(targets), LOGIT_CHUNK):
+            z = (hidden[s:s + LOGIT_CHUNK] @ weight.T).float() / temperature        # (c, V)
+            logq = torch.log_softmax(z, dim=-1)
+            logp[s:s + LOGIT_CHUNK] = logq.gather(-1, targets[s:s + LOGIT_CHUNK, None]).squeeze(-1)
+            entropy[s:s + LOGIT_CHUNK] = -(logq.exp() * logq).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, entropy)
+        ctx.temperature = temperature
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, targets, entropy = ctx.saved_tensors
+        grad_hidden = torch.zeros_like(hidden)
+        for s in range(0, len(targets), LOGIT_CHUNK):
+            e = s + LOGIT_CHUNK
+            logq = torch.log_softmax((hidden[s:e] @ weight.T).float() / ctx.temperature, dim=-1)   # (c, V)
+            p = logq.exp()
+            grad_z = torch.zeros_like(p)
+            if grad_logp is not None:
+                grad_z -= p * grad_logp[s:e, None]
+                grad_z.scatter_add_(-1, targets[s:e, None], grad_logp[s:e, None])
+            if grad_entropy is not None:
+                grad_z -= grad_entropy[s:e, None] * p * (logq + entropy[s:e, None])
+            grad_hidden[s:e] = ((grad_z / ctx.temperature).to(weight.dtype) @ weight).to(hidden.dtype)
+        return grad_hidden, None, None, None
 
 
 @torch.no_grad()
