@@ -20,6 +20,8 @@ Public functions:
     validation_gradient(policy, val_seqs, ...)   -> g_val, a flat (P,) fp32 vector
     episode_gradients(policy, rollouts, advantages, ...) -> (N, P), one backward pass per episode
     influence_scores(episode_grads, g_val)       -> (N,) scores s_i
+    onepass_scores(policy, rollouts, advantages, g_val, ...) -> (N,) the same scores from one
+                                                    batched forward + backward (no g_i in memory)
     filter_and_reweight(scores)                  -> (keep (N,) bool, weights (N,))
     binary_filter(scores)                        -> the same filter, every kept weight 1
     random_filter(scores, generator)             -> drop as many as the scores would, at random
@@ -30,7 +32,7 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from model import lora_parameters
+from model import LoRALinear, lora_parameters
 from ppo import policy_loss
 from rollout import Rollouts, Sequences, token_logprobs
 
@@ -82,7 +84,62 @@ def episode_gradients(policy, rollouts: Rollouts, advantages: torch.Tensor, *, c
 
 def influence_scores(episode_grads: torch.Tensor, g_val: torch.Tensor) -> torch.Tensor:
     """s_i = g_i . g_val (a plain dot product over the LoRA parameters). (N, P), (P,) -> (N,)."""
-    return episode_grads @ g_val
+    # Accumulated in float64: ~10^6 products whose fp32 sum would carry ~1e-5 relative error.
+    return (episode_grads.double() @ g_val.double()).float()
+
+
+def onepass_scores(policy, rollouts: Rollouts, advantages: torch.Tensor, g_val: torch.Tensor, *, clip_eps: float,
+                   temperature: float, batch_size: int = 16) -> torch.Tensor:
+    """s_i = g_i . g_val for every episode from ONE forward and backward of sum_i L_i.
+
+    Derivation. A LoRA layer computes y_t = W0 x_t + s B u_t with u_t = A x_t. With
+    d_t = dL/dy_t, its gradients are dL/dB = s sum_t d_t u_t^T and dL/dA = s sum_t (B^T d_t) x_t^T.
+    Dotting with the matching slices V_B, V_A of g_val:
+        <dL/dB, V_B> = s sum_t d_t^T V_B u_t,      <dL/dA, V_A> = s sum_t (B^T d_t)^T V_A x_t.
+    Episodes are independent rows of the batch, so the rows of d belonging to episode i are
+    exactly dL_i/dy for L = sum_j L_j; summing the terms above over episode i's positions and
+    over layers gives s_i exactly. Hooks record x and d per layer; no per-episode gradient is
+    ever formed. `batch_size` episodes share one forward/backward (memory only).
+    Returns (N,) fp32; equal to influence_scores(episode_gradients(...), g_val) (tested)."""
+    layers = [m for m in policy.modules() if isinstance(m, LoRALinear)]
+    params = lora_parameters(policy)
+    slices, offset = [], 0
+    for layer in layers:  # g_val is laid out as A, B of each layer in order (lora_parameters)
+        a, b = layer.lora_A.numel(), layer.lora_B.numel()
+        slices.append((g_val[offset:offset + a].view_as(layer.lora_A),
+                       g_val[offset + a:offset + a + b].view_as(layer.lora_B)))
+        offset += a + b
+    scores = []
+    for s in range(0, len(rollouts), batch_size):
+        part = rollouts.select(range(s, min(s + batch_size, len(rollouts))))
+        seen = {}  # layer index -> [x, d]
+
+        def record(k):
+            def hook(module, inputs, output):
+                seen[k] = [inputs[0].detach(), None]
+                output.register_hook(lambda grad: seen[k].__setitem__(1, grad))
+            return hook
+
+        handles = [layer.register_forward_hook(record(k)) for k, layer in enumerate(layers)]
+        try:
+            logprobs, _, _ = token_logprobs(policy, part, temperature)
+            idx = torch.arange(s, s + len(part))
+            loss = policy_loss(logprobs, part.old_logprobs, advantages[idx.to(advantages.device)],
+                               part.response_mask, clip_eps).sum()
+            torch.autograd.grad(loss, params, allow_unused=True)  # runs the backward; fills d
+        finally:
+            for h in handles:
+                h.remove()
+        # The contractions run in float64: they sum ~10^5 products per episode.
+        part_scores = torch.zeros(len(part), device=g_val.device, dtype=torch.float64)
+        for k, (layer, (V_A, V_B)) in enumerate(zip(layers, slices)):
+            x, d = seen[k][0].double(), seen[k][1].double()                   # (n, L, in), (n, L, out)
+            u = x @ layer.lora_A.detach().double().T                          # (n, L, r)
+            term_B = ((d @ V_B.double()) * u).sum(-1)                         # (n, L)  d^T V_B u
+            term_A = ((d @ layer.lora_B.detach().double()) * (x @ V_A.double().T)).sum(-1)  # (B^T d)^T V_A x
+            part_scores += layer.scale * (term_A + term_B).sum(-1)            # sum over positions
+        scores.append(part_scores.float())
+    return torch.cat(scores)
 
 
 def filter_and_reweight(scores: torch.Tensor):

@@ -33,8 +33,8 @@ import torch
 from tqdm import tqdm
 
 from evaluate import evaluate
-from influence import (binary_filter, episode_gradients, filter_and_reweight, influence_scores, random_filter,
-                       sft_nll, validation_gradient)
+from influence import (binary_filter, episode_gradients, filter_and_reweight, influence_scores, onepass_scores,
+                       random_filter, sft_nll, validation_gradient)
 from model import OFFLINE_DEFAULT, load_adapter, load_policy, save_adapter
 from ppo import clip_fraction, gae, kl_penalized_rewards, masked_mean, policy_loss, value_loss, whiten
 from reward import TASKS, load_task, make_prompt, reward_fn
@@ -54,6 +54,8 @@ class Config:
     algo: str = flag("ppo", "ppo (with or without influence) or sft (LoRA on reference solutions)", choices=("ppo", "sft"))
     influence: str = flag("on", "on: I-PPO; off: plain PPO", choices=("on", "off"))
     reweight: bool = flag(True, "weight kept episodes by s_i / mean kept s (--no-reweight: binary filter)")
+    influence_method: str = flag("onepass", "how scores are computed: onepass (one batched backward, exact) or "
+                                 "loop (one backward per episode, the readable reference)", choices=("onepass", "loop"))
     random_filter: bool = flag(False, "control: drop as many episodes as influence would, chosen at random")
     init_adapter: str = flag("", "start from this checkpoint's LoRA adapters (e.g. an --algo sft run)")
     # schedule and sampling
@@ -253,9 +255,13 @@ def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs):
     if cfg.influence == "off":  # plain PPO: every episode, weight 1
         return torch.ones(N, dtype=torch.bool, device=advantages.device), torch.ones(N, device=advantages.device), {}
     g_val = validation_gradient(policy, val_seqs, cfg.val_batch_size, progress=cfg.progress)          # (P,)
-    grads = episode_gradients(policy, rollouts, advantages, clip_eps=cfg.clip_eps,
-                              temperature=cfg.temperature, progress=cfg.progress)                    # (N, P)
-    scores = influence_scores(grads, g_val)                                                           # (N,)
+    if cfg.influence_method == "loop":
+        grads = episode_gradients(policy, rollouts, advantages, clip_eps=cfg.clip_eps,
+                                  temperature=cfg.temperature, progress=cfg.progress)                # (N, P)
+        scores = influence_scores(grads, g_val)                                                       # (N,)
+    else:
+        scores = onepass_scores(policy, rollouts, advantages, g_val, clip_eps=cfg.clip_eps,
+                                temperature=cfg.temperature, batch_size=cfg.micro_batch_size)         # (N,)
     if not torch.isfinite(scores).all():
         raise FloatingPointError(f"iteration {it + 1}: influence scores contain NaN/inf (phase: influence)")
     if cfg.random_filter:

@@ -112,3 +112,16 @@ def test_binary_and_random_filters_keep_the_same_count():
         assert keep.sum() == 3 and torch.equal(weights, keep.float())
         chosen.add(tuple(keep.tolist()))
     assert len(chosen) > 1  # really random, not the influence set
+
+
+def test_onepass_scores_equal_loop_scores(buffer):
+    from influence import onepass_scores
+    policy, tok, rollouts, advantages = buffer
+    val = encode_pairs(tok, ["Q: 2+2?", "Q: 10-3?"], ["#### 4", "10 - 3 = 7\n#### 7"])
+    g_val = validation_gradient(policy, val)
+    loop = influence_scores(episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE), g_val)
+    for batch_size in (6, 4, 1):
+        onepass = onepass_scores(policy, rollouts, advantages, g_val, clip_eps=0.2, temperature=TEMPERATURE,
+                                 batch_size=batch_size)
+        assert ((onepass - loop).abs().max() / loop.abs().max()).item() <= 1e-5
+    assert loop.abs().min() > 0

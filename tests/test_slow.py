@@ -17,3 +17,29 @@ def test_one_iteration_on_the_offline_gemma_270m(tmp_path):
     assert (run_dir / "checkpoints" / "iter_000001" / "adapter.safetensors").exists()
     episodes = [json.loads(l) for l in (run_dir / "episodes.jsonl").read_text().splitlines()]
     assert all(e["response"] for e in episodes)  # the real model writes text
+
+
+@pytest.mark.slow
+def test_onepass_equals_loop_on_the_offline_gemma_270m():
+    import torch
+
+    from influence import episode_gradients, influence_scores, onepass_scores, validation_gradient
+    from model import load_policy, lora_parameters
+    from ppo import whiten
+    from reward import load_task, make_prompt
+    from rollout import encode_pairs, generate_rollouts
+
+    policy, tok = load_policy("gemma-3-270m", quiet=True)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # non-zero B, as after some training
+        for p in lora_parameters(policy)[1::2]:
+            p.copy_(torch.randn(p.shape, generator=g) * 1e-3)
+    examples = load_task("gsm8k", "train", "local").examples[:3]
+    rollouts = generate_rollouts(policy, tok, [make_prompt(e.question) for e in examples], n_samples=2,
+                                 max_new_tokens=24, temperature=1.0, seed=0, progress=False)
+    advantages = whiten(torch.randn(rollouts.response_mask.shape, generator=g), rollouts.response_mask)
+    val = encode_pairs(tok, [make_prompt(e.question) for e in examples[:2]], [e.solution for e in examples[:2]])
+    g_val = validation_gradient(policy, val)
+    loop = influence_scores(episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=1.0), g_val)
+    onepass = onepass_scores(policy, rollouts, advantages, g_val, clip_eps=0.2, temperature=1.0, batch_size=6)
+    assert ((onepass - loop).abs().max() / loop.abs().max()).item() <= 1e-5

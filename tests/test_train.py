@@ -106,3 +106,12 @@ def test_iteration_with_every_episode_dropped_skips_the_update(tiny_dir, tmp_pat
     row = metrics(run_dir)[0]
     assert row["accuracy"] == 0 and row["reward"] == 0
     assert row["kept"] == 0 and row["skipped"] is True and "policy_loss" not in row
+
+
+def test_onepass_and_loop_runs_give_the_same_scores(tiny_dir, tmp_path):
+    scores = {}
+    for method in ("loop", "onepass"):
+        run_dir = run(tiny_dir, tmp_path / method, "--iterations", "1", "--eval-every", "0",
+                      "--influence-method", method)
+        scores[method] = [json.loads(l)["score"] for l in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    assert scores["loop"] == pytest.approx(scores["onepass"], rel=1e-4, abs=1e-7)
