@@ -1,0 +1,137 @@
+"""Benchmark: loop vs one-pass influence scores, and peak memory of lean vs plain log-probs.
+
+    python bench/influence_bench.py                      # tiny model and offline Gemma-3-270M
+    python bench/influence_bench.py --models tiny --sizes 8,16
+
+Scoring part, per model and N (synthetic buffer: random prompt/response tokens, left-padded
+prompts of 32-64 tokens, responses of 32-64 tokens): seconds for the loop (one backward per
+episode), the one-pass method, and one plain batched forward+backward of the summed loss of
+the same buffer; the loop/one-pass ratio; max relative difference of the scores.
+
+Memory part (270M only, unless --no-memory): peak resident memory of one PPO update step
+(forward + backward, 16 episodes of 256 response tokens) with the plain log_softmax path and
+with the lean path, each in a fresh subprocess (ru_maxrss), minus the RSS after loading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from influence import episode_gradients, influence_scores, onepass_scores, validation_gradient  # noqa: E402
+from model import load_policy, lora_parameters  # noqa: E402
+from ppo import policy_loss, value_loss  # noqa: E402
+from rollout import Rollouts, _score_tokens, token_logprobs  # noqa: E402
+
+
+def synthetic_buffer(policy, vocab: int, N: int, P: int, T: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(4, vocab, (N, P), generator=g)
+    prompt_mask = torch.ones(N, P, dtype=torch.long)
+    response_ids = torch.randint(4, vocab, (N, T), generator=g)
+    response_mask = torch.zeros(N, T)
+    for i in range(N):
+        pad = int(torch.randint(0, P // 2 + 1, (1,), generator=g))
+        prompt_mask[i, :pad] = 0
+        prompt_ids[i, :pad] = 0
+        length = int(torch.randint(T // 2, T + 1, (1,), generator=g))
+        response_mask[i, :length] = 1
+        response_ids[i, length:] = 0
+    r = Rollouts(prompt_ids, prompt_mask, response_ids, response_mask)
+    r.old_logprobs, r.values, r.ref_logprobs = _score_tokens(policy, r, 1.0, 16)
+    advantages = torch.randn(N, T, generator=g) * response_mask
+    return r, advantages
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def bench_scores(name: str, source: str, sizes: list[int], micro: int) -> list[dict]:
+    policy, tok = load_policy(source, quiet=True)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # non-zero B, as after some training (B = 0 makes half the terms vanish)
+        for p in lora_parameters(policy)[1::2]:
+            p.copy_(torch.randn(p.shape, generator=g) * 1e-3)
+    vocab = policy.lm.get_output_embeddings().weight.shape[0]
+    val, _ = synthetic_buffer(policy, vocab, 4, 48, 48, seed=99)
+    g_val = validation_gradient(policy, val)
+    rows = []
+    for N in sizes:
+        buf, adv = synthetic_buffer(policy, vocab, N, 64, 64, seed=N)
+        params = lora_parameters(policy)
+
+        def batched():
+            for s in range(0, N, micro):  # same micro-batching as one-pass
+                part = buf.select(range(s, min(s + micro, N)))
+                lp, _, _ = token_logprobs(policy, part, 1.0)
+                loss = policy_loss(lp, part.old_logprobs, adv[s:s + micro], part.response_mask, 0.2).sum()
+                torch.autograd.grad(loss, params)
+
+        t_loop, loop = timed(lambda: influence_scores(episode_gradients(policy, buf, adv, clip_eps=0.2, temperature=1.0), g_val))
+        t_one, one = timed(lambda: onepass_scores(policy, buf, adv, g_val, clip_eps=0.2, temperature=1.0, batch_size=micro))
+        t_fb, _ = timed(batched)
+        rel = ((one - loop).abs().max() / loop.abs().max()).item()
+        row = {"model": name, "N": N, "loop_s": t_loop, "onepass_s": t_one, "fwd_bwd_s": t_fb,
+               "loop_over_onepass": t_loop / t_one, "onepass_over_fwd_bwd": t_one / t_fb, "max_rel_diff": rel}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def memory_step(lean: bool, N: int, T: int) -> None:
+    """Child process: one PPO update step on the 270M model; prints peak RSS growth in MB."""
+    policy, tok = load_policy("gemma-3-270m", quiet=True)
+    vocab = policy.lm.get_output_embeddings().weight.shape[0]
+    buf, adv = synthetic_buffer(policy, vocab, N, 64, T, seed=0)
+    buf.response_mask[:] = 1  # exactly N x T response tokens
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    lp, values, _ = token_logprobs(policy, buf, 1.0, lean=lean)
+    loss = (policy_loss(lp, buf.old_logprobs, adv, buf.response_mask, 0.2)
+            + 0.1 * value_loss(values, buf.values, adv, buf.response_mask, 0.2)).mean()
+    loss.backward()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"lean": lean, "N": N, "T": T, "peak_growth_mb": (peak - base) / 1024, "peak_rss_mb": peak / 1024}))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="tiny,gemma-3-270m", help="comma-separated: tiny, gemma-3-270m")
+    parser.add_argument("--sizes", default="8,16,32", help="episode counts N")
+    parser.add_argument("--micro", type=int, default=8, help="episodes per forward/backward in one-pass and batched")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
+    parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        lean, N, T = args.memory_child.split(",")
+        return memory_step(lean == "lean", int(N), int(T))
+    torch.manual_seed(0)
+    sizes = [int(n) for n in args.sizes.split(",")]
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, device cpu", flush=True)
+    for name in args.models.split(","):
+        if name == "tiny":
+            from tiny import make_tiny_model_dir
+            source = str(make_tiny_model_dir(Path(tempfile.mkdtemp())))
+        else:
+            source = name
+        bench_scores(name, source, sizes, args.micro)
+    if not args.no_memory and "gemma-3-270m" in args.models:
+        for mode in ("plain", "lean"):
+            subprocess.run([sys.executable, __file__, "--memory-child", f"{mode},16,256"], check=True)
+
+
+if __name__ == "__main__":
+    main()
