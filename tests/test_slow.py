@@ -29,6 +29,7 @@ def test_onepass_equals_loop_on_the_offline_gemma_270m():
     from reward import load_task, make_prompt
     from rollout import encode_pairs, generate_rollouts
 
+    torch.manual_seed(0)  # the LoRA A initialisation
     policy, tok = load_policy("gemma-3-270m", quiet=True)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # non-zero B, as after some training
@@ -41,5 +42,9 @@ def test_onepass_equals_loop_on_the_offline_gemma_270m():
     val = encode_pairs(tok, [make_prompt(e.question) for e in examples[:2]], [e.solution for e in examples[:2]])
     g_val = validation_gradient(policy, val)
     loop = influence_scores(episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=1.0), g_val)
-    onepass = onepass_scores(policy, rollouts, advantages, g_val, clip_eps=0.2, temperature=1.0, batch_size=6)
-    assert ((onepass - loop).abs().max() / loop.abs().max()).item() <= 1e-5
+    # batch_size=1: the same forward shapes as the loop, so only the scoring method differs.
+    # Batched (6 at once) it differs by fp32 rounding of the forward itself (a few 1e-5).
+    for batch_size, tol in ((1, 1e-5), (6, 1e-4)):
+        onepass = onepass_scores(policy, rollouts, advantages, g_val, clip_eps=0.2, temperature=1.0,
+                                 batch_size=batch_size)
+        assert ((onepass - loop).abs().max() / loop.abs().max()).item() <= tol
