@@ -1,5 +1,4 @@
 """Answer extraction, correctness, reward and data loading."""
-import json
 
 import pytest
 
