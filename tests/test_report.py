@@ -1,0 +1,169 @@
+"""report.py on run directories written by hand: plots.png is a real picture, report.html escapes
+model text and lists the lowest and highest scored episodes of each iteration in order, SFT and
+unscored runs draw too, and the page renders in headless Chromium (skipped without it)."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from report import write_plots, write_report
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = "<script>alert(1)</script>"
+# Influence scores of each iteration's episodes, spanning many orders of magnitude.
+SCORES = {
+    1: [-6.7, 1.2e-2, -3.0e-5, 4.0e-7],                              # 4 episodes: 2 lowest, 2 highest
+    2: [-1.0e-3, -2.0e-1, 0.0, -5.0e-6],                             # nothing > 0: update skipped
+    3: [3.0e-1, -8.0e-4, 2.5, -1.5e1, 7.0e-9, -2.0e-2, 6.0e-3, 0.0],  # 8 episodes: 3 lowest, 3 highest
+}
+
+
+def response(it, i):
+    # The most negative episode of iteration 1 says something a browser would run.
+    return f"reply it{it} ep{i}: " + (SCRIPT if (it, i) == (1, 0) else "the answer is 42")
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def make_run(root: Path, kind="ippo", iterations=3, with_eval=True) -> Path:
+    """A run directory as train.py writes it: kind is ippo, plain (--influence off) or sft."""
+    run = root / f"run-{kind}"
+    run.mkdir()
+    config = {"model": "tiny", "dataset": "gsm8k", "algo": "sft" if kind == "sft" else "ppo",
+              "influence": "off" if kind == "plain" else "on", "reweight": True, "random_filter": False,
+              "iterations": iterations, "prompts_per_iter": 2, "samples_per_prompt": 4, "seed": 0}
+    (run / "config.json").write_text(json.dumps(config, indent=2))
+    metrics = [{"iteration": 0, "eval_accuracy": 0.1, "eval_stderr": 0.05, "eval_n": 40}] if with_eval else []
+    episodes = []
+    for it in range(1, iterations + 1):
+        if kind == "sft":
+            metrics.append({"iteration": it, "sft_loss": 2.0 / it, "tokens": 300, "seconds": {"update": 1.0}})
+            continue
+        scores = SCORES[it] if kind == "ippo" else [None] * 4
+        kept = [s is None or s > 0 for s in scores]
+        total = sum(s for s, k in zip(scores, kept) if k and s is not None)
+        weights = [1.0 if s is None else (s / (total / sum(kept)) if k else 0.0) for s, k in zip(scores, kept)]
+        row = {"iteration": it, "reward": 0.25 * it, "accuracy": 0.1 * it, "truncated": 0.25, "response_tokens": 60,
+               "episodes": len(scores), "kept": sum(kept), "kept_fraction": sum(kept) / len(scores), "kl": 0.001 * it}
+        if kind == "ippo":
+            row |= {"score_mean": float(np.mean(scores)), "score_min": min(scores), "score_max": max(scores)}
+        row |= {"skipped": True} if not any(kept) else {"policy_loss": 0.1 / it, "value_loss": 0.01, "entropy": 2.0}
+        if with_eval and it == iterations:
+            row |= {"eval_accuracy": 0.2, "eval_stderr": 0.06, "eval_n": 40}
+        metrics.append(row)
+        episodes += [{"iteration": it, "prompt": f"question {it}.{i // 2} & <b>", "gold": "42",
+                      "response": response(it, i), "reward": 1.0 if i == 1 else 0.0, "truncated": False,
+                      "score": s, "kept": k, "weight": w}
+                     for i, (s, k, w) in enumerate(zip(scores, kept, weights))]
+    write_jsonl(run / "metrics.jsonl", metrics)
+    if kind != "sft":
+        write_jsonl(run / "episodes.jsonl", episodes)
+    return run
+
+
+def assert_png(path: Path, min_width=300, min_height=200):
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    image = matplotlib.image.imread(path)
+    assert image.shape[0] >= min_height and image.shape[1] >= min_width, image.shape
+    return image
+
+
+def section(page: str, it: int) -> str:
+    start = page.index(f"id='iteration-{it}'")
+    end = page.find("id='iteration-", start + 1)
+    return page[start:end if end > 0 else len(page)]
+
+
+def test_plots_png_is_a_picture(tmp_path):
+    run = make_run(tmp_path)
+    path = write_plots(run)
+    assert path == run / "plots.png"
+    image = assert_png(path, min_width=1000, min_height=500)  # 3 x 3 panels of about 420 x 300 px
+    assert path.stat().st_size > 20_000
+    assert len(np.unique(image.reshape(-1, image.shape[-1]), axis=0)) > 16
+
+
+def test_report_escapes_model_text(tmp_path):
+    run = make_run(tmp_path)
+    write_plots(run)
+    page = write_report(run).read_text()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<script" not in page.lower()
+    assert "question 1.0 &amp; &lt;b&gt;" in page and "<b>" not in page
+    assert "src='data:image/png;base64," in page  # plots.png embedded, nothing fetched
+    assert "http://" not in page and "https://" not in page
+
+
+def test_report_lists_lowest_and_highest_scores_per_iteration_in_order(tmp_path):
+    page = write_report(make_run(tmp_path)).read_text()
+    # (iteration, episode indices expected: lowest ascending, then highest descending)
+    expected = {1: [0, 2, 1, 3], 2: [1, 0, 2, 3], 3: [3, 5, 1, 2, 0, 6]}
+    for it, order in expected.items():
+        text = section(page, it)
+        positions = [text.find(f"reply it{it} ep{i}:") for i in order]
+        assert all(p > 0 for p in positions), (it, positions)
+        assert positions == sorted(positions), (it, positions)
+        shown = {i for i in range(len(SCORES[it])) if f"reply it{it} ep{i}:" in text}
+        assert shown == set(order), (it, shown)
+    assert "kept 0/4" in section(page, 2) and "update skipped" in section(page, 2)
+    assert "kept 4/8 episodes (0.50)" in section(page, 3)
+    assert "+2.500e+00" in section(page, 3) and "-1.500e+01" in section(page, 3)
+
+
+@pytest.mark.parametrize("kind, iterations, with_eval", [("sft", 3, True), ("plain", 2, True),
+                                                         ("ippo", 1, False), ("plain", 1, False)])
+def test_sft_unscored_and_one_iteration_runs(tmp_path, kind, iterations, with_eval):
+    run = make_run(tmp_path, kind, iterations, with_eval)
+    assert_png(write_plots(run))
+    page = write_report(run).read_text()
+    assert "<script" not in page.lower()
+    if kind == "sft":
+        assert "An SFT run" in page and "sft loss" in page
+    elif kind == "plain":
+        assert "no influence scores" in page and "id='iteration-" not in page
+    else:
+        assert "reply it1 ep0:" in page
+
+
+def test_empty_run_directory_and_a_bad_line(tmp_path):
+    assert_png(write_plots(tmp_path), min_width=100, min_height=100)
+    assert "metrics.jsonl is empty or missing" in write_report(tmp_path).read_text()
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 0}\n{"iteration": 1, "rew\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON record"):
+        write_plots(tmp_path)
+
+
+def test_cli_writes_both_files(tmp_path):
+    run = make_run(tmp_path)
+    done = subprocess.run([sys.executable, str(ROOT / "report.py"), str(run)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (run / "plots.png").exists() and (run / "report.html").exists()
+    bad = subprocess.run([sys.executable, str(ROOT / "report.py"), str(tmp_path / "nowhere")], capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode != 0 and "not a run directory" in bad.stderr
+
+
+def test_report_renders_in_headless_chromium(tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium not on PATH (Debian: apt-get install chromium): report.html rendering not checked")
+    run = make_run(tmp_path)
+    write_plots(run)
+    page = write_report(run)
+    shot = tmp_path / "report.png"
+    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                           "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
+                           "--window-size=1200,1600", page.resolve().as_uri()],
+                          capture_output=True, text=True, timeout=300)
+    assert shot.exists(), f"chromium wrote no screenshot (exit {done.returncode}):\n{done.stderr[-2000:]}"
+    image = assert_png(shot, min_width=1200, min_height=1600)
+    colours = np.unique((image[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)
+    assert len(colours) > 16, f"the screenshot is (nearly) blank: {len(colours)} distinct colours"
