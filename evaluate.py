@@ -1,11 +1,24 @@
-"""Accuracy of a policy on a benchmark: greedy decoding, exact match on the final answer.
+"""Accuracy of a policy on a benchmark: exact match (greedy), maj@k and pass@k (sampled).
+
+Metrics, each over the evaluated problems (the mean over problems is the reported value):
+    em       greedy decoding; a problem counts iff reward.is_correct(extracted answer, gold).
+    maj@k    majority vote over the extracted answers of the FIRST k of the n sampled
+             responses (`majority_vote`); the problem counts iff the voted answer is correct.
+    pass@k   the unbiased estimator of Chen et al. 2021 (Codex paper, eq. 1) from all n
+             samples, c of them correct: 1 - C(n - c, k) / C(n, k) (`pass_at_k`).
+Standard errors: sqrt(p (1 - p) / N) for em and maj@k (N problems, binomial); for pass@k
+the standard error of the mean of the per-problem estimates, sqrt(var / N) with the
+population variance (so it equals the binomial formula when every estimate is 0 or 1).
 
 Public functions:
-    evaluate(policy, tokenizer, examples, task, ...) -> dict with accuracy, counts and
-                                                        per-problem predictions
+    evaluate(policy, tokenizer, examples, task, ...) -> dict: metrics, counts, per-problem predictions
+    parse_metrics("em,maj@8,pass@8")                 -> [("em", None), ("maj", 8), ("pass", 8)]
+    pass_at_k(n, c, k)                               -> float
+    majority_vote(answers)                           -> the winning answer, or None
+    load_for_eval(model, adapter, device)            -> (policy, tokenizer, model, checkpoint or None)
 CLI:
-    python evaluate.py --model gemma-3-270m [--adapter RUN_DIR/checkpoints/latest]
-                       --dataset gsm8k [--limit 50]
+    python evaluate.py --model gemma-3-270m [--adapter RUN_DIR or RUN_DIR/checkpoints/iter_N]
+                       --dataset gsm8k --metrics em,maj@8,pass@8 [--limit 50] [--samples 8]
 """
 
 from __future__ import annotations
@@ -15,82 +28,310 @@ import json
 import math
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 from transformers import GenerationConfig
 
+import reward
 from model import OFFLINE_DEFAULT, eos_token_ids, load_adapter, load_policy, read_adapter_config
-from reward import extract_answer, is_correct, load_task, make_prompt
 from rollout import encode_prompts
+
+SAMPLED = ("maj", "pass")  # metrics computed from sampled responses; "em" uses the greedy one
+
+
+# ----------------------------------------------------------------------------- the metrics (pure)
+
+def parse_metrics(text: str) -> list[tuple[str, int | None]]:
+    """'em,maj@8,pass@8' -> [("em", None), ("maj", 8), ("pass", 8)]. Raises ValueError with
+    a message naming the bad item: unknown names, k missing or < 1, repeats."""
+    metrics = []
+    for item in (part.strip() for part in text.split(",")):
+        if item == "em":
+            metrics.append(("em", None))
+            continue
+        name, at, k = item.partition("@")
+        if name not in SAMPLED or not at:
+            raise ValueError(f"{item!r} is not a metric; use em, maj@K or pass@K (e.g. em,maj@8,pass@8)")
+        if not k.isdigit() or int(k) < 1:
+            raise ValueError(f"{item!r}: K must be a whole number >= 1")
+        metrics.append((name, int(k)))
+    names = [metric_name(m) for m in metrics]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{', '.join(repeated)} asked for more than once")
+    return metrics
+
+
+def metric_name(metric: tuple[str, int | None]) -> str:
+    name, k = metric
+    return name if k is None else f"{name}@{k}"
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k samples drawn without replacement from n, c of them
+    correct, is correct: 1 - C(n - c, k) / C(n, k) (Chen et al. 2021, eq. 1). Computed as the
+    product 1 - prod_{i = n-c+1}^{n} (1 - k / i), which never forms the large binomials."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n (got n={n}, c={c}, k={k})")
+    if n - c < k:  # every k-subset holds a correct sample
+        return 1.0
+    all_wrong = 1.0
+    for i in range(n - c + 1, n + 1):
+        all_wrong *= 1.0 - k / i
+    return 1.0 - all_wrong
+
+
+def majority_vote(answers: list[str | None]) -> str | None:
+    """The most frequent answer; answers are the normalised strings of reward.extract_answer,
+    compared by string equality (our choice: a vote needs an equivalence that is transitive,
+    which is_correct's symbolic checks need not be). None (unparsed) never wins; all None
+    gives None. Tie rule: among the answers with the top count, the one whose first
+    occurrence comes earliest in `answers` wins."""
+    counts = Counter(a for a in answers if a is not None)
+    if not counts:
+        return None
+    top = max(counts.values())
+    return next(a for a in answers if a is not None and counts[a] == top)
+
+
+def binomial_stderr(p: float, n: int) -> float:
+    """sqrt(p (1 - p) / n): the standard error of a mean of n 0/1 outcomes (0 when n = 0)."""
+    return math.sqrt(p * (1 - p) / n) if n else 0.0
+
+
+def mean_stderr(values: list[float]) -> float:
+    """sqrt(var / n) with the population variance (denominator n) of the n values."""
+    n = len(values)
+    if n == 0:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / n / n)
+
+
+def score_predictions(predictions: list[dict], metrics: list[tuple[str, int | None]], task: str) -> dict:
+    """Metric values from per-problem records. Each record has "gold", and, for em, "pred",
+    "correct", "truncated" (the greedy response); for maj@k / pass@k, "samples": a list of
+    {"pred", "correct", ...}. Adds per problem "maj@k": {"vote", "correct"} and "pass@k": the
+    estimate. Returns {name: {"value", "stderr", ...counts}}; every mean is over problems."""
+    N = len(predictions)
+    results = {}
+    for metric in metrics:
+        name, k = metric
+        key = metric_name(metric)
+        if name == "em":
+            n_correct = sum(p["correct"] for p in predictions)
+            value = n_correct / N if N else 0.0
+            results[key] = {"value": value, "stderr": binomial_stderr(value, N), "n_correct": n_correct,
+                            "n_unparsed": sum(p["pred"] is None for p in predictions),
+                            "n_truncated": sum(p["truncated"] for p in predictions)}
+        elif name == "maj":
+            for p in predictions:
+                vote = majority_vote([s["pred"] for s in p["samples"][:k]])
+                p[key] = {"vote": vote, "correct": reward.is_correct(vote, p["gold"], task)}
+            n_correct = sum(p[key]["correct"] for p in predictions)
+            value = n_correct / N if N else 0.0
+            results[key] = {"value": value, "stderr": binomial_stderr(value, N), "n_correct": n_correct,
+                            "n_no_vote": sum(p[key]["vote"] is None for p in predictions), "k": k}
+        else:  # pass
+            for p in predictions:
+                p[key] = pass_at_k(len(p["samples"]), sum(s["correct"] for s in p["samples"]), k)
+            estimates = [p[key] for p in predictions]
+            results[key] = {"value": sum(estimates) / N if N else 0.0, "stderr": mean_stderr(estimates), "k": k}
+    return results
+
+
+# ----------------------------------------------------------------------------- generation
+
+def generate_responses(policy, tokenizer, prompts: list[str], gen_config: GenerationConfig, *, batch_size: int,
+                       progress: bool, desc: str) -> list[tuple[str, bool]]:
+    """(response text up to the first EOS, truncated = no EOS within max_new_tokens) per prompt,
+    `batch_size` prompts per generate() call."""
+    eos = torch.tensor(eos_token_ids(tokenizer))
+    out = []
+    for s in tqdm(range(0, len(prompts), batch_size), desc=desc, unit="batch", disable=not progress, leave=False):
+        ids, mask = encode_prompts(tokenizer, prompts[s:s + batch_size])
+        tokens = policy.lm.generate(input_ids=ids.to(policy.device), attention_mask=mask.to(policy.device),
+                                    generation_config=gen_config)[:, ids.shape[1]:].cpu()   # (B, <= max_new_tokens)
+        for row in tokens:
+            is_eos = torch.isin(row, eos)
+            end = int(is_eos.long().argmax()) if is_eos.any() else len(row)
+            out.append((tokenizer.decode(row[:end], skip_special_tokens=True), not bool(is_eos.any())))
+    return out
 
 
 @torch.no_grad()
-def evaluate(policy, tokenizer, examples, task: str, *, max_new_tokens: int = 256, batch_size: int = 16,
+def evaluate(policy, tokenizer, examples, task: str, *, metrics="em", samples: int | None = None,
+             temperature: float = 1.0, seed: int = 0, max_new_tokens: int = 256, batch_size: int = 16,
              progress: bool = True) -> dict:
-    """Greedy exact match. Returns {"accuracy", "stderr", "n", "n_correct", "n_unparsed",
-    "n_truncated", "predictions": [{question, gold, response, pred, correct, truncated}]}.
-    stderr is the binomial standard error sqrt(acc (1 - acc) / n)."""
-    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
+    """Evaluate `policy` on `examples` (reward.Example) of `task`.
+
+    metrics: a string for parse_metrics or its parsed list. em decodes greedily; maj@k and
+    pass@k sample `samples` responses per problem (default: the largest k asked; it must be
+    >= every k) by pure temperature sampling, inside a forked torch RNG seeded by `seed`, so
+    the same (seed, batch_size, policy) gives the same samples and the caller's RNG is
+    untouched. batch_size: sequences per generate() call.
+
+    Returns {"n", "n_samples", "metrics": {name: {"value", "stderr", ...}}, "predictions": [per
+    problem: question, gold; greedy response, pred, correct, truncated (em); "samples":
+    [{response, pred, correct, truncated}] and per-metric fields (maj@k, pass@k)]}, and, when
+    em is asked, its "accuracy", "stderr", "n_correct", "n_unparsed", "n_truncated" at the
+    top level too (what train.run_eval reads)."""
+    metrics = parse_metrics(metrics) if isinstance(metrics, str) else list(metrics)
+    ks = [k for name, k in metrics if name in SAMPLED]
+    n_samples = (samples if samples is not None else max(ks)) if ks else 0
+    if ks and n_samples < max(ks):
+        raise ValueError(f"samples={n_samples}: maj@k and pass@k need at least k samples per problem "
+                         f"(largest k asked: {max(ks)})")
+    predictions = [{"question": e.question, "gold": e.gold} for e in examples]
+
+    if any(name == "em" for name, _ in metrics):
+        greedy = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
                                   eos_token_id=eos_token_ids(tokenizer), pad_token_id=tokenizer.pad_token_id)
-    eos = torch.tensor(eos_token_ids(tokenizer))
-    predictions = []
-    for s in tqdm(range(0, len(examples), batch_size), desc="eval", unit="batch", disable=not progress, leave=False):
-        batch = examples[s:s + batch_size]
-        ids, mask = encode_prompts(tokenizer, [make_prompt(e.question, task) for e in batch])
-        out = policy.lm.generate(input_ids=ids.to(policy.device), attention_mask=mask.to(policy.device),
-                                 generation_config=gen_config)[:, ids.shape[1]:].cpu()
-        for e, tokens in zip(batch, out):
-            is_eos = torch.isin(tokens, eos)
-            end = int(is_eos.long().argmax()) if is_eos.any() else len(tokens)
-            response = tokenizer.decode(tokens[:end], skip_special_tokens=True)
-            pred = extract_answer(response, task)
-            predictions.append({"question": e.question, "gold": e.gold, "response": response, "pred": pred,
-                                "correct": is_correct(pred, e.gold, task), "truncated": not bool(is_eos.any())})
-    n = len(predictions)
-    n_correct = sum(p["correct"] for p in predictions)
-    accuracy = n_correct / max(n, 1)
-    return {"accuracy": accuracy, "stderr": math.sqrt(accuracy * (1 - accuracy) / max(n, 1)), "n": n,
-            "n_correct": n_correct, "n_unparsed": sum(p["pred"] is None for p in predictions),
-            "n_truncated": sum(p["truncated"] for p in predictions), "predictions": predictions}
+        responses = generate_responses(policy, tokenizer, [reward.make_prompt(e.question, task) for e in examples],
+                                       greedy, batch_size=batch_size, progress=progress, desc="eval greedy")
+        for p, (response, truncated) in zip(predictions, responses):
+            pred = reward.extract_answer(response, task)
+            p |= {"response": response, "pred": pred, "correct": reward.is_correct(pred, p["gold"], task),
+                  "truncated": truncated}
+
+    if n_samples:
+        # Same sampling as rollout.generate_rollouts: no top-k / top-p, the model's own
+        # generation_config not used.
+        sampling = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                                    max_new_tokens=max_new_tokens, eos_token_id=eos_token_ids(tokenizer),
+                                    pad_token_id=tokenizer.pad_token_id)
+        prompts = [reward.make_prompt(e.question, task) for e in examples for _ in range(n_samples)]  # problem-major
+        devices = [policy.device] if policy.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            responses = generate_responses(policy, tokenizer, prompts, sampling, batch_size=batch_size,
+                                           progress=progress, desc="eval sampling")
+        for i, p in enumerate(predictions):
+            p["samples"] = []
+            for response, truncated in responses[i * n_samples:(i + 1) * n_samples]:
+                pred = reward.extract_answer(response, task)
+                p["samples"].append({"response": response, "pred": pred,
+                                     "correct": reward.is_correct(pred, p["gold"], task), "truncated": truncated})
+
+    results = score_predictions(predictions, metrics, task)
+    out = {"n": len(predictions), "n_samples": n_samples, "metrics": results}
+    if n_samples:
+        out["n_sample_unparsed"] = sum(s["pred"] is None for p in predictions for s in p["samples"])
+        out["n_sample_truncated"] = sum(s["truncated"] for p in predictions for s in p["samples"])
+    if "em" in results:
+        em = results["em"]
+        out |= {"accuracy": em["value"], "stderr": em["stderr"], "n_correct": em["n_correct"],
+                "n_unparsed": em["n_unparsed"], "n_truncated": em["n_truncated"]}
+    out["predictions"] = predictions
+    return out
 
 
-def main(argv=None):
+# ----------------------------------------------------------------------------- loading and CLI
+
+def resolve_adapter(path: str) -> Path:
+    """A checkpoint directory, or a run directory (then its checkpoints/latest)."""
+    p = Path(path)
+    latest = p / "checkpoints" / "latest"
+    if latest.exists():
+        p = p / "checkpoints" / latest.read_text().strip()
+    if not (p / "adapter.json").exists():
+        raise SystemExit(f"--adapter {path}: neither a checkpoint directory (with adapter.json) nor a run "
+                         "directory with checkpoints/latest")
+    return p
+
+
+def load_for_eval(model: str | None, adapter: str | None, device: str = "auto"):
+    """Load the policy with the LoRA layout of `adapter` (a checkpoint or run directory) and its
+    weights. model None: the model the adapter was trained on, else the offline default.
+    Returns (policy, tokenizer, the model loaded, checkpoint directory or None)."""
+    checkpoint = resolve_adapter(adapter) if adapter else None
+    lora = read_adapter_config(checkpoint) if checkpoint else {}
+    if model is None:
+        model = lora.get("model", OFFLINE_DEFAULT)
+    elif lora.get("model") not in (None, model):
+        print(f"[eval] warning: the adapter was trained on {lora['model']!r}, evaluating it on {model!r}",
+              file=sys.stderr)
+    layout = {"lora_targets": lora["targets"], "lora_rank": lora["rank"], "lora_alpha": lora["alpha"]} if lora else {}
+    policy, tokenizer = load_policy(model, device=device, **layout)
+    if checkpoint:
+        load_adapter(policy, checkpoint)
+        print(f"[eval] adapter {checkpoint}", file=sys.stderr)
+    return policy, tokenizer, model, checkpoint
+
+
+def summary_line(label: str, name: str, m: dict, n: int, n_samples: int) -> str:
+    line = f"[eval] {label} {name:<8} {m['value']:.3f} +- {m['stderr']:.3f}"
+    if name == "em":
+        return line + f" ({m['n_correct']}/{n} greedy; {m['n_unparsed']} unparsed, {m['n_truncated']} truncated)"
+    if name.startswith("maj@"):
+        return line + f" ({m['n_correct']}/{n}; vote of the first {m['k']} of {n_samples} samples; " \
+                      f"{m['n_no_vote']} with no parsed answer)"
+    return line + f" (mean over {n} problems of the unbiased estimate from {n_samples} samples each)"
+
+
+def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", default=OFFLINE_DEFAULT, help="hub id, local directory, or the offline default")
-    parser.add_argument("--adapter", default=None, help="a checkpoint directory written by train.py")
-    parser.add_argument("--dataset", default="gsm8k", help="task name")
+    parser.add_argument("--model", default=None,
+                        help=f"hub id, local directory, or {OFFLINE_DEFAULT} (the offline default); "
+                             f"None: the model the adapter was trained on, else {OFFLINE_DEFAULT}")
+    parser.add_argument("--adapter", default=None, help="a checkpoint directory, or a run directory (its latest checkpoint)")
+    parser.add_argument("--dataset", default="gsm8k", choices=reward.TASKS, help="task name")
     parser.add_argument("--split", default="test", help="data split")
     parser.add_argument("--data-source", default="auto", choices=["auto", "hub", "local"], help="where to load data from")
+    parser.add_argument("--metrics", default="em", help="comma-separated: em (greedy), maj@K, pass@K (sampled)")
     parser.add_argument("--limit", type=int, default=50, help="evaluate the first K problems (0 = all)")
+    parser.add_argument("--samples", type=int, default=None,
+                        help="sampled responses per problem for maj@K / pass@K (None: the largest K)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (maj@K / pass@K)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="generation length limit")
-    parser.add_argument("--batch-size", type=int, default=16, help="problems per generate() call")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per generate() call")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampled responses")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm progress bars")
     parser.add_argument("--out", default="eval.json", help="where to write the results")
     args = parser.parse_args(argv)
+    try:
+        metrics = parse_metrics(args.metrics)
+    except ValueError as err:
+        parser.error(f"--metrics: {err}")
+    ks = [k for name, k in metrics if name in SAMPLED]
     if args.limit < 0:
-        parser.error("--limit must be >= 0")
+        parser.error(f"--limit must be >= 0 (0 = all problems), got {args.limit}")
+    if args.samples is not None and args.samples < 1:
+        parser.error(f"--samples must be >= 1, got {args.samples}")
+    if ks and args.samples is not None and args.samples < max(ks):
+        parser.error(f"--samples {args.samples}: --metrics {args.metrics} needs at least {max(ks)} samples "
+                     "per problem (every k of maj@k / pass@k must be <= --samples)")
+    if not ks and args.samples is not None:
+        print("[eval] note: --samples is unused without maj@K or pass@K in --metrics", file=sys.stderr)
+    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--batch-size", args.batch_size)):
+        if value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
+    if args.temperature <= 0:
+        parser.error(f"--temperature must be > 0 (em is the greedy metric), got {args.temperature}")
 
-    lora = read_adapter_config(args.adapter) if args.adapter else {}
-    policy, tokenizer = load_policy(args.model, device=args.device,
-                                    lora_targets=lora.get("targets", ("q_proj", "k_proj", "v_proj", "o_proj")),
-                                    lora_rank=lora.get("rank", 8), lora_alpha=lora.get("alpha", 16.0))
-    if args.adapter:
-        load_adapter(policy, args.adapter)
-    task = load_task(args.dataset, args.split, args.data_source)
+    task = reward.load_task(args.dataset, args.split, args.data_source)   # first: a data error fails fast
+    policy, tokenizer, model, checkpoint = load_for_eval(args.model, args.adapter, args.device)
     examples = task.examples[:args.limit] if args.limit else task.examples
     print(f"[eval] {len(examples)} problems from {task.source}", file=sys.stderr)
     t0 = time.time()
-    result = evaluate(policy, tokenizer, examples, args.dataset, max_new_tokens=args.max_new_tokens,
-                      batch_size=args.batch_size)
-    result["seconds"] = time.time() - t0
-    result["config"] = vars(args)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"[eval] {args.dataset}/{args.split}: exact match {result['accuracy']:.3f} +- {result['stderr']:.3f} "
-          f"({result['n_correct']}/{result['n']}; {result['n_unparsed']} unparsed, {result['n_truncated']} truncated) "
-          f"in {result['seconds']:.0f}s -> {args.out}")
+    result = evaluate(policy, tokenizer, examples, args.dataset, metrics=metrics, samples=args.samples,
+                      temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens,
+                      batch_size=args.batch_size, progress=args.progress)
+    seconds = time.time() - t0
+    config = vars(args) | {"model": model, "adapter_checkpoint": str(checkpoint) if checkpoint else None,
+                           "samples": result["n_samples"]}
+    out = {"config": config, "data_source": task.source, "seconds": seconds} | result
+    Path(args.out).write_text(json.dumps(out, indent=2))
+    label = f"{args.dataset}/{args.split}"
+    for name, m in result["metrics"].items():
+        print(summary_line(label, name, m, result["n"], result["n_samples"]))
+    print(f"[eval] {result['n']} problems in {seconds:.0f}s -> {args.out}")
+    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,112 @@
+"""Past one GPU: the few collective operations I-PPO needs, on torch.distributed.
+
+Launched with `torchrun --nproc_per_node K train.py ...`, each of the K processes (ranks)
+samples its share of the iteration's prompts. For the update to equal the single-process
+update on the union of all ranks' episodes, every quantity that the algorithm box defines
+over the whole buffer is computed over all ranks:
+
+    whitening of advantages   mean and variance over all response tokens of all ranks
+    g_val                     the validation rows are split over ranks; each rank's
+                              gradient of (its NLL sum) / (token count of all ranks) is summed
+    kept set and weights      scores are gathered, so keep = s > 0 and mean_{kept} s are global
+    gradients                 summed over ranks before each optimizer step (all_reduce)
+    metrics                   reduced before logging
+
+Our choice: plain `all_reduce` of the gradients rather than DistributedDataParallel. The
+trainable parameters (LoRA + value head) are a few MB, so there is nothing to overlap, and
+an explicit sum keeps the loss normalisation visible: each rank's loss is already divided by
+the size of the global minibatch, so the summed gradient is the gradient of the global loss.
+
+Backend: nccl on CUDA GPUs, gloo on CPU, chosen automatically. Without torchrun (no
+WORLD_SIZE in the environment) every operation here is the identity, so single-process code
+paths are the same code.
+
+Public:
+    setup() -> Dist          initialise from torchrun's environment (or a single process)
+    Dist.sum(t)              element-wise sum over ranks (in place, returned)
+    Dist.cat(t)              1-D tensors of any length from every rank, concatenated in rank order
+    Dist.sum_grads(params)   sum .grad over ranks
+    Dist.broadcast(obj)      rank 0's Python object on every rank
+    Dist.share(n)            (start, stop) of this rank's contiguous share of n items
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    backend: str = "none"
+
+    @property
+    def is_main(self) -> bool:
+        """Only rank 0 writes the run directory, checkpoints and logs."""
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.active:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def cat(self, t: torch.Tensor) -> torch.Tensor:
+        if not self.active:
+            return t
+        sizes = [torch.zeros(1, dtype=torch.long, device=t.device) for _ in range(self.world)]
+        dist.all_gather(sizes, torch.tensor([len(t)], device=t.device))
+        longest = int(max(s.item() for s in sizes))
+        padded = torch.zeros(longest, *t.shape[1:], dtype=t.dtype, device=t.device)
+        padded[:len(t)] = t
+        parts = [torch.empty_like(padded) for _ in range(self.world)]
+        dist.all_gather(parts, padded)
+        return torch.cat([p[:int(s.item())] for p, s in zip(parts, sizes)])
+
+    def sum_grads(self, params) -> None:
+        if self.active:
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+
+    def broadcast(self, obj):
+        if not self.active:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def share(self, n: int) -> tuple[int, int]:
+        """Rank r gets items [start, stop): contiguous, sizes differ by at most one."""
+        base, extra = divmod(n, self.world)
+        start = self.rank * base + min(self.rank, extra)
+        return start, start + base + (1 if self.rank < extra else 0)
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+
+def setup() -> Dist:
+    """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK; join the process group if there is more
+    than one process. nccl when CUDA is available (each rank on GPU LOCAL_RANK), else gloo."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)  # so that device "cuda" means this rank's GPU
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return Dist(rank=rank, world=world, local_rank=local_rank, backend=backend)
