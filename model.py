@@ -8,6 +8,8 @@ policy pi_ref, so no second copy of the model is kept.
 Public functions:
     load_policy(model, ...)        -> (Policy, tokenizer): hub id, local directory, or the
                                       offline default "gemma-3-270m"
+    inspect_model(model, ...)      -> ModelInfo (context length, linear layer names) from the
+                                      config alone, so bad flags are refused before the load
     LoRALinear                      a frozen nn.Linear plus a trainable low-rank update
     add_lora(model, targets, rank, alpha) -> list of the LoRALinear layers it inserted
     adapters_disabled(model)        context manager: the reference policy pi_ref
@@ -23,6 +25,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -200,6 +203,41 @@ def _offline_default_dir() -> Path:
     return cached
 
 
+def _model_source(model: str) -> str | Path:
+    """Where from_pretrained reads `model`: the cached offline default, or the id/path itself."""
+    return _offline_default_dir() if model == OFFLINE_DEFAULT else model
+
+
+def _refuse_unloadable(model: str, err: Exception) -> SystemExit:
+    first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return SystemExit(f"--model {model!r}: could not load it ({first_line}). Without a reachable model hub, "
+                      f"use a local directory written by save_pretrained or the bundled offline default: "
+                      f"--model {OFFLINE_DEFAULT}")
+
+
+@dataclass
+class ModelInfo:
+    context: int                 # max_position_embeddings: prompt + response must fit
+    linear_names: list[str]      # leaf names of the nn.Linear layers (what --lora-targets may name)
+
+
+def inspect_model(model: str = OFFLINE_DEFAULT, trust_remote_code: bool = False) -> ModelInfo:
+    """Read `model`'s config and build the model on the meta device (no weights, no memory, no
+    RNG draws: well under a second), so that flags that do not fit the model are refused
+    before the slow load. An id or path that cannot be loaded is refused naming --model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    source = _model_source(model)
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            lm = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:  # OSError: not found or no hub; ValueError: not a causal LM config
+        raise _refuse_unloadable(model, err) from err
+    names = sorted({n.rsplit(".", 1)[-1] for n, m in lm.named_modules() if isinstance(m, nn.Linear)})
+    return ModelInfo(context=config.get_text_config().max_position_embeddings, linear_names=names)
+
+
 def load_policy(model: str = OFFLINE_DEFAULT, *, device: str = "auto", lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
                 lora_rank: int = 8, lora_alpha: float = 16.0, trust_remote_code: bool = False, quiet: bool = False):
     """Load a causal LM and tokenizer, add LoRA adapters and a value head.
@@ -211,7 +249,7 @@ def load_policy(model: str = OFFLINE_DEFAULT, *, device: str = "auto", lora_targ
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev, dtype, why = pick_device_and_dtype(device)
-    source = _offline_default_dir() if model == OFFLINE_DEFAULT else model
+    source = _model_source(model)
     if not quiet:
         print(f"[model] {model} on {dev}: {why}", file=sys.stderr)
     t0 = time.time()
@@ -220,10 +258,8 @@ def load_policy(model: str = OFFLINE_DEFAULT, *, device: str = "auto", lora_targ
         # Eager attention is the safe choice for training Gemma-3 (DESIGN.md).
         lm = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager",
                                                   trust_remote_code=trust_remote_code)
-    except OSError as err:
-        raise SystemExit(f"--model {model!r}: could not load it ({str(err).splitlines()[0]}). "
-                         f"Without a reachable model hub, use the bundled offline default: "
-                         f"--model {OFFLINE_DEFAULT}") from err
+    except (OSError, ValueError) as err:
+        raise _refuse_unloadable(model, err) from err
     lm.to(dev)
     lm.eval()  # no dropout anywhere: rollouts and updates see the same function
     if tokenizer.pad_token_id is None or tokenizer.pad_token_id in eos_token_ids(tokenizer):

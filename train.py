@@ -13,6 +13,9 @@ Post-Training", arXiv 2604.01597. One iteration (the algorithm box, `ppo_iterati
                 (1/|D'|) sum_i w_i L_clip_i + c_v (1/|D'|) sum_i L_V_i - c_e H   ppo.py
 
 `--influence off` is plain PPO; `--algo sft` trains the adapters on reference solutions.
+Faults: a crash at any moment loses no committed iteration and --resume continues exactly
+(see "run directory" below); a NaN/inf stops the run naming the phase, before anything of
+that iteration is saved; nonsense flags are refused at start, naming the flag.
 Run `python train.py --help` for every flag; the README explains the output.
 """
 
@@ -21,7 +24,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -35,7 +40,7 @@ from tqdm import tqdm
 from evaluate import evaluate
 from influence import (binary_filter, episode_gradients, filter_and_reweight, influence_scores, onepass_scores,
                        random_filter, sft_nll, validation_gradient)
-from model import OFFLINE_DEFAULT, load_adapter, load_policy, save_adapter
+from model import OFFLINE_DEFAULT, ModelInfo, inspect_model, load_adapter, load_policy, save_adapter
 from ppo import clip_fraction, gae, kl_penalized_rewards, masked_mean, policy_loss, value_loss, whiten
 from reward import TASKS, load_task, make_prompt, reward_fn
 from rollout import encode_pairs, generate_rollouts, token_logprobs
@@ -102,10 +107,14 @@ class Config:
     progress: bool = flag(True, "tqdm progress bars (--no-progress to hide)")
 
     def validate(self) -> None:
-        """Refuse nonsense at start, naming the flag."""
+        """Refuse nonsense at start, naming the flag. (Flags that must fit the model or the data
+        are checked in check_against_model and check_against_data, before the model load.)"""
         def need(ok, name, what):
             if not ok:
                 raise SystemExit(f"--{name.replace('_', '-')}: {what} (got {getattr(self, name)!r})")
+        for f in dataclasses.fields(self):
+            if f.type in (float, "float"):
+                need(math.isfinite(getattr(self, f.name)), f.name, "must be a finite number")
         for name in ("iterations", "prompts_per_iter", "samples_per_prompt", "max_new_tokens", "gen_batch_size",
                      "ppo_epochs", "minibatch_size", "micro_batch_size", "val_size", "val_batch_size",
                      "sft_batch_size", "lora_rank", "eval_limit", "eval_max_new_tokens", "keep_checkpoints"):
@@ -118,10 +127,38 @@ class Config:
         need(0 <= self.lam <= 1, "lam", "must be in [0, 1]")
         need(0 <= self.stop_below_kept < 1, "stop_below_kept", "must be in [0, 1)")
         need(self.lora_targets.strip() != "", "lora_targets", "must name at least one layer")
+        need(all(t.isidentifier() for t in self.targets()), "lora_targets",
+             "must be comma-separated layer names such as q_proj,v_proj")
+        need(len(set(self.targets())) == len(self.targets()), "lora_targets", "names a layer twice")
+        need(re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device), "device", "must be auto, cpu, cuda, cuda:N or mps")
+        need(not self.device.startswith("cuda") or torch.cuda.is_available(), "device", "no CUDA GPU is visible to torch")
+        need(self.device != "mps" or torch.backends.mps.is_available(), "device", "Apple MPS is not available")
         need(not (self.influence == "off" and self.random_filter), "random_filter",
              "needs --influence on (it drops as many episodes as the scores would)")
         need(not (self.influence == "off" and not self.reweight), "reweight",
              "--no-reweight needs --influence on")
+
+    def targets(self) -> list[str]:
+        """--lora-targets as a list of layer names."""
+        return [t.strip() for t in self.lora_targets.split(",")]
+
+
+def check_against_model(cfg: Config, model: ModelInfo) -> None:
+    """Flags that must fit the model, checked from its config alone (before the weights load)."""
+    for name in ("max_new_tokens", "eval_max_new_tokens"):
+        if getattr(cfg, name) >= model.context:
+            raise SystemExit(f"--{name.replace('_', '-')} {getattr(cfg, name)}: longer than the model's context "
+                             f"({model.context} tokens, prompt included)")
+    unknown = [t for t in cfg.targets() if t not in model.linear_names]
+    if unknown:
+        raise SystemExit(f"--lora-targets: {cfg.model} has no linear layer named {unknown}; "
+                         f"its linear layers are {model.linear_names}")
+
+
+def check_against_data(cfg: Config, n_train_rows: int) -> None:
+    if cfg.val_size >= n_train_rows:
+        raise SystemExit(f"--val-size {cfg.val_size}: the training split has only {n_train_rows} rows "
+                         "(the validation set is taken from it and some must remain to train on)")
 
 
 def parse_config(argv=None) -> Config:
@@ -148,7 +185,7 @@ def resumed_config(cfg: Config, parser) -> Config:
     path = Path(cfg.resume) / "config.json"
     if not path.exists():
         raise SystemExit(f"--resume {cfg.resume}: no config.json there (not a run directory)")
-    saved = Config(**json.loads(path.read_text()))
+    saved = Config(**read_saved_config(path))
     ignored = [f.name for f in dataclasses.fields(Config) if f.name not in ("resume", "iterations", "progress")
                and getattr(cfg, f.name) != parser.get_default(f.name)]
     if ignored:
@@ -158,6 +195,25 @@ def resumed_config(cfg: Config, parser) -> Config:
     if cfg.iterations != parser.get_default("iterations"):
         saved.iterations = cfg.iterations
     return saved
+
+
+def read_saved_config(path: Path) -> dict:
+    """config.json of a run, checked field by field (it is a file anyone could have edited)."""
+    try:
+        values = json.loads(path.read_text())
+    except ValueError as err:
+        raise SystemExit(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(values, dict):
+        raise SystemExit(f"{path}: expected a JSON object of flag values")
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise SystemExit(f"{path}: unknown fields {unknown} (not a config.json of this train.py)")
+    for name, value in values.items():
+        kind = {"int": int, "float": (int, float), "str": str, "bool": bool}[str(fields[name].type)]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise SystemExit(f"{path}: field {name!r} should be {fields[name].type}, got {value!r}")
+    return values
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -197,6 +253,30 @@ def chunks(index: torch.Tensor, size: int):
     return [index[s:s + size] for s in range(0, len(index), size)]
 
 
+def require_finite(it: int, phase: str, **tensors: torch.Tensor) -> None:
+    """Stop the run on a NaN or inf, naming the iteration, the phase and the tensor. Raised
+    before anything of the iteration is saved, so checkpoints/latest stays the last good one."""
+    for name, t in tensors.items():
+        bad = int((~torch.isfinite(t)).sum())
+        if bad:
+            raise FloatingPointError(f"iteration {it + 1}: {name} contains NaN/inf ({bad} of {t.numel()} values) "
+                                     f"(phase: {phase})")
+
+
+def batch_warnings(cfg: Config, scores: torch.Tensor, truncated: torch.Tensor, keep: torch.Tensor) -> dict[str, str]:
+    """Degenerate iterations: handled (the run goes on) but logged, {name: explanation}."""
+    warnings = {}
+    if bool((scores == scores[0]).all()):
+        warnings["rewards_equal"] = (f"all {len(scores)} rewards are {scores[0].item():g}: no reward signal, "
+                                     "the advantages carry only the KL penalty and the value error")
+    if bool(truncated.all()):
+        warnings["all_truncated"] = (f"every response hit --max-new-tokens {cfg.max_new_tokens} without EOS "
+                                     "(consider a larger limit or --truncation-penalty)")
+    if not keep.any():
+        warnings["nothing_kept"] = "every episode scored <= 0: update skipped"
+    return warnings
+
+
 # ----------------------------------------------------------------------------- the algorithm
 
 def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_examples, val_seqs, timer) -> tuple[dict, list]:
@@ -210,11 +290,14 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
                                      batch_size=cfg.gen_batch_size, progress=cfg.progress)
         mask = rollouts.response_mask                                                    # (N, T)
         golds = [examples[j].gold for j in rollouts.prompt_index]
+        require_finite(it, "rollout", old_logprobs=rollouts.old_logprobs, ref_logprobs=rollouts.ref_logprobs,
+                       values=rollouts.values)
 
     with timer("reward"):
         scores = torch.tensor([reward_fn(text, gold, cfg.dataset, bool(trunc), cfg.truncation_penalty)
                                for text, gold, trunc in zip(rollouts.responses, golds, rollouts.truncated)],
                               device=mask.device)                                        # (N,)
+        require_finite(it, "reward", scores=scores)
 
     with timer("advantages"):
         rewards, kl = kl_penalized_rewards(scores, rollouts.old_logprobs, rollouts.ref_logprobs, mask, cfg.kl_beta)
@@ -229,7 +312,10 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
             update = ppo_update(it, cfg, policy, optimizer, rollouts, advantages, returns, keep, weights)
         else:
             update = {"skipped": True}
-            print(f"[it {it + 1}] every episode scored <= 0: update skipped", file=sys.stderr)
+
+    warnings = batch_warnings(cfg, scores, rollouts.truncated, keep)
+    for what in warnings.values():
+        print(f"[it {it + 1}] warning: {what}", file=sys.stderr)
 
     correct = torch.tensor([reward_fn(t, g, cfg.dataset) for t, g in zip(rollouts.responses, golds)])
     metrics = {
@@ -239,6 +325,8 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         "kl": (kl.sum() / mask.sum().clamp(min=1)).item(),  # mean over all response tokens
         **influence, **update,
     }
+    if warnings:
+        metrics["warnings"] = list(warnings)
     episodes = [{"iteration": it + 1, "prompt": examples[j].question, "gold": golds[i], "response": rollouts.responses[i],
                  "reward": scores[i].item(), "truncated": bool(rollouts.truncated[i]),
                  "score": influence["scores"][i] if "scores" in influence else None,
@@ -255,6 +343,7 @@ def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs):
     if cfg.influence == "off":  # plain PPO: every episode, weight 1
         return torch.ones(N, dtype=torch.bool, device=advantages.device), torch.ones(N, device=advantages.device), {}
     g_val = validation_gradient(policy, val_seqs, cfg.val_batch_size, progress=cfg.progress)          # (P,)
+    require_finite(it, "influence", g_val=g_val)
     if cfg.influence_method == "loop":
         grads = episode_gradients(policy, rollouts, advantages, clip_eps=cfg.clip_eps,
                                   temperature=cfg.temperature, progress=cfg.progress)                # (N, P)
@@ -262,8 +351,7 @@ def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs):
     else:
         scores = onepass_scores(policy, rollouts, advantages, g_val, clip_eps=cfg.clip_eps,
                                 temperature=cfg.temperature, batch_size=cfg.micro_batch_size)         # (N,)
-    if not torch.isfinite(scores).all():
-        raise FloatingPointError(f"iteration {it + 1}: influence scores contain NaN/inf (phase: influence)")
+    require_finite(it, "influence", scores=scores)
     if cfg.random_filter:
         keep, weights = random_filter(scores, torch.Generator().manual_seed(derived_seed(cfg.seed, it, FILTER)))
     elif cfg.reweight:
@@ -295,18 +383,23 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
             vf = value_loss(values, part.values, returns[micro], part.response_mask, cfg.value_clip_eps)       # (n,)
             ent = masked_mean(entropy, part.response_mask)                                    # (n,)
             loss = ((weights[micro] * pg).sum() + cfg.vf_coef * vf.sum() - cfg.ent_coef * ent.sum()) / len(minibatch)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"iteration {it + 1}: loss is NaN/inf (phase: update, epoch {epoch + 1})")
+            require_finite(it, f"update, epoch {epoch + 1}", loss=loss)
             loss.backward()
             sums["policy_loss"] += pg.sum().item()
             sums["value_loss"] += vf.sum().item()
             sums["entropy"] += ent.sum().item()
             sums["clip_fraction"] += clip_fraction(logprobs, part.old_logprobs, part.response_mask, cfg.clip_eps).sum().item()
             n_seen += len(micro)
-        torch.nn.utils.clip_grad_norm_([p for p in policy.parameters() if p.requires_grad], cfg.max_grad_norm)
-        optimizer.step()
+        clip_and_step(it, cfg, policy, optimizer)
     # Reported: unweighted means over every episode visit of every epoch.
     return {k: v / n_seen for k, v in sums.items()} | {"optimizer_steps": len(steps)}
+
+
+def clip_and_step(it: int, cfg: Config, policy, optimizer) -> None:
+    """Clip the global gradient norm and take the optimizer step, unless a gradient is NaN/inf."""
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in policy.parameters() if p.requires_grad], cfg.max_grad_norm)
+    require_finite(it, "update", gradient_norm=grad_norm)
+    optimizer.step()
 
 
 def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_examples, timer) -> tuple[dict, list]:
@@ -321,62 +414,215 @@ def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         for micro in chunks(torch.arange(len(seqs)), cfg.micro_batch_size):
             nll, _ = sft_nll(policy, seqs.select(micro))
             loss = nll.sum() / n_tokens
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"iteration {it + 1}: SFT loss is NaN/inf (phase: update)")
+            require_finite(it, "update", sft_loss=loss)
             loss.backward()
             total += loss.item()
-        torch.nn.utils.clip_grad_norm_([p for p in policy.parameters() if p.requires_grad], cfg.max_grad_norm)
-        optimizer.step()
+        clip_and_step(it, cfg, policy, optimizer)
     return {"sft_loss": total, "tokens": int(n_tokens)}, []
 
 
 # ----------------------------------------------------------------------------- run directory
+#
+# A run directory holds config.json, data.json, metrics.jsonl, episodes.jsonl and checkpoints/.
+# commit_iteration writes an iteration in this order:
+#   1. its records are appended to episodes.jsonl and metrics.jsonl, and fsynced;
+#   2. its checkpoint is written into checkpoints/.tmp_iter_N, every file fsynced;
+#   3. that directory is renamed to checkpoints/iter_N (atomic) and checkpoints/ is fsynced;
+#   4. checkpoints/latest is replaced (latest.tmp, fsync, rename: atomic) to name iter_N;
+#   5. checkpoints older than the newest --keep-checkpoints are renamed away, then deleted.
+# Step 4 is the commit point. A crash (SIGKILL, power loss) before it leaves the previous
+# checkpoint as `latest`, and --resume drops the records of step 1 (a half-written last line
+# included); a crash after it leaves the new one. Every iter_* directory is complete: one
+# appears and disappears only by a rename. Either way the resumed run continues exactly.
+
+CHECKPOINT_FILES = ("adapter.safetensors", "adapter.json", "optimizer.safetensors", "optimizer.json",
+                    "rng.safetensors", "state.json")
+
+# Tests set this to a function of the step's name (one that SIGKILLs the process at the k-th
+# step, say) to check that a crash between any two filesystem steps of a commit leaves a run
+# that resumes exactly. None in normal use.
+crash_hook = None
+
+
+def fs_step(name: str) -> None:
+    """A point between two filesystem steps of commit_iteration (see crash_hook)."""
+    if crash_hook is not None:
+        crash_hook(name)
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file, or a directory's list of names (so that a rename in it survives power loss)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
 
 def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` by `text`: a crash leaves the old content or the new, never a mix."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_path(path.parent)
+
+
+def append_jsonl(path: Path, records: list[dict]) -> None:
+    with open(path, "a") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the checkpoint that covers these records
+
+
+def truncate_jsonl(path: Path, last_iteration: int) -> None:
+    """Keep the records of iterations <= last_iteration: later ones were appended after the
+    checkpoint we resume from, by a run that crashed before committing them. Text after the
+    last newline is a write that such a crash cut short, dropped too. A line before it that is
+    not JSON was not written by a crash: the resume stops there, naming it."""
+    if not path.exists():
+        return
+    complete, _, torn = path.read_bytes().rpartition(b"\n")
+    if torn:
+        print(f"[resume] {path}: dropping a half-written last line ({len(torn)} bytes)", file=sys.stderr)
+    kept = []
+    for line_no, line in enumerate(complete.split(b"\n") if complete else [], start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as err:
+            raise SystemExit(f"{path}:{line_no}: not a JSON record ({err}); fix or remove that line") from err
+        if record.get("iteration", 0) <= last_iteration:
+            kept.append(line.decode() + "\n")
+    write_atomic(path, "".join(kept))
 
 
 def lora_settings(cfg: Config) -> dict:
-    return {"model": cfg.model, "targets": cfg.lora_targets.split(","), "rank": cfg.lora_rank, "alpha": cfg.lora_alpha}
+    return {"model": cfg.model, "targets": cfg.targets(), "rank": cfg.lora_rank, "alpha": cfg.lora_alpha}
+
+
+def save_optimizer(optimizer, directory: Path) -> None:
+    """AdamW state: its tensors as safetensors, its hyper-parameters as JSON (no pickle)."""
+    from safetensors.torch import save_file
+
+    state = optimizer.state_dict()
+    tensors = {f"{index}.{name}": value for index, per_param in state["state"].items()
+               for name, value in per_param.items()}
+    not_tensors = [k for k, v in tensors.items() if not isinstance(v, torch.Tensor)]
+    if not_tensors:
+        raise TypeError(f"optimizer state {not_tensors[:3]} is not a tensor: save_optimizer stores tensors only")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, directory / "optimizer.safetensors")
+    (directory / "optimizer.json").write_text(json.dumps({"param_groups": state["param_groups"]}, indent=2))
+
+
+def load_optimizer(optimizer, directory: Path) -> None:
+    from safetensors.torch import load_file
+
+    state = {}
+    for key, value in load_file(directory / "optimizer.safetensors").items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    groups = json.loads((directory / "optimizer.json").read_text())["param_groups"]
+    for group in groups:  # JSON turned tuples such as betas into lists
+        group.update({k: tuple(v) for k, v in group.items() if isinstance(v, list) and k != "params"})
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def discard(directory: Path) -> None:
+    """Remove a directory by renaming it away first, so no iter_* directory is ever partial."""
+    trash = directory.with_name(".trash_" + directory.name)
+    shutil.rmtree(trash, ignore_errors=True)
+    os.replace(directory, trash)
+    fs_step(f"renamed {directory.name} away")
+    shutil.rmtree(trash)
+    fs_step(f"deleted {directory.name}")
 
 
 def save_checkpoint(run_dir: Path, iteration: int, cfg: Config, policy, optimizer) -> Path:
-    """checkpoints/iter_NNNNNN/: adapter (safetensors), optimizer state, RNG state, iteration.
-    Written into a temporary directory, renamed into place, then `latest` is switched, so a
-    crash at any moment leaves the previous complete checkpoint as `latest`."""
+    """checkpoints/iter_NNNNNN/: adapter and value head, optimizer state, RNG state (safetensors)
+    and the iteration (JSON), committed by switching checkpoints/latest (steps 2-5 above)."""
     from safetensors.torch import save_file
 
     root = run_dir / "checkpoints"
-    final = root / f"iter_{iteration:06d}"
-    tmp = root / f".tmp_iter_{iteration:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    final, tmp = root / f"iter_{iteration:06d}", root / f".tmp_iter_{iteration:06d}"
+    tidy_checkpoints(root, cfg.keep_checkpoints)
+    tmp.mkdir(parents=True)
     save_adapter(policy, tmp, lora_settings(cfg))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    fs_step("wrote adapter")
+    save_optimizer(optimizer, tmp)
+    fs_step("wrote optimizer")
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
     save_file(rng, tmp / "rng.safetensors")
+    fs_step("wrote rng")
     (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "config": dataclasses.asdict(cfg)}, indent=2))
-    shutil.rmtree(final, ignore_errors=True)
+    for f in [*tmp.iterdir(), tmp]:
+        fsync_path(f)
+    fs_step("wrote state.json")
+    if final.exists():  # written by a run that crashed before `latest` named it: never committed
+        discard(final)
     os.replace(tmp, final)
+    fsync_path(root)
+    fsync_path(run_dir)  # checkpoints/ itself is new at the first commit
+    fs_step(f"renamed to {final.name}")
     write_atomic(root / "latest", final.name + "\n")
-    for old in sorted(root.glob("iter_*"))[:-cfg.keep_checkpoints]:
-        shutil.rmtree(old)
+    fs_step("switched latest")
+    tidy_checkpoints(root, cfg.keep_checkpoints)
     return final
 
 
-def resolve_checkpoint(path: str) -> Path:
-    """A checkpoint directory, or a run directory (its latest checkpoint)."""
-    p = Path(path)
-    if (p / "checkpoints" / "latest").exists():
-        p = p / "checkpoints" / (p / "checkpoints" / "latest").read_text().strip()
+def tidy_checkpoints(root: Path, keep: int) -> None:
+    """Remove what a crash or a commit leaves behind: unfinished .tmp_ and .trash_ directories,
+    checkpoints after `latest` (written, never committed) and all but the newest `keep` up to it."""
+    for leftover in [*root.glob(".tmp_iter_*"), *root.glob(".trash_*")]:
+        shutil.rmtree(leftover)
+    latest = latest_checkpoint(root.parent)
+    if latest is None:
+        return
+    newest_first = sorted(root.glob("iter_*"), reverse=True)   # zero-padded names sort by iteration
+    committed = [p for p in newest_first if p.name <= latest.name]
+    for old in [p for p in newest_first if p.name > latest.name] + committed[keep:]:
+        discard(old)
+
+
+def commit_iteration(run_dir: Path, it: int, cfg: Config, metrics: dict, episodes: list, policy, optimizer) -> Path:
+    """Log iteration `it`, then checkpoint it, in the order described above."""
+    append_jsonl(run_dir / "episodes.jsonl", episodes)
+    fs_step("appended episodes.jsonl")
+    append_jsonl(run_dir / "metrics.jsonl", [{"iteration": it + 1, **metrics}])
+    fs_step("appended metrics.jsonl")
+    return save_checkpoint(run_dir, it + 1, cfg, policy, optimizer)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint checkpoints/latest names, or None before the first commit."""
+    pointer = Path(run_dir) / "checkpoints" / "latest"
+    if not pointer.exists():
+        return None
+    ckpt = pointer.parent / pointer.read_text().strip()
+    missing = [f for f in CHECKPOINT_FILES if not (ckpt / f).is_file()]
+    if missing:
+        raise SystemExit(f"{pointer} names {ckpt.name}, which lacks {', '.join(missing)}: "
+                         "the checkpoint was changed outside train.py")
+    return ckpt
+
+
+def resolve_checkpoint(path: str, flag: str = "") -> Path:
+    """A checkpoint directory, or a run directory (its latest checkpoint). `flag` names the
+    command-line flag that gave `path`, for the error message."""
+    p, where = Path(path), f"{flag} {path}".strip()
+    if (p / "checkpoints").is_dir():
+        latest = latest_checkpoint(p)
+        if latest is None:
+            raise SystemExit(f"{where}: a run directory without a complete checkpoint yet")
+        return latest
     if not (p / "adapter.safetensors").exists():
-        raise SystemExit(f"{path}: neither a checkpoint directory nor a run directory with checkpoints")
+        raise SystemExit(f"{where}: neither a checkpoint directory nor a run directory with checkpoints")
     return p
 
 
@@ -386,7 +632,7 @@ def load_checkpoint(run_dir: Path, policy, optimizer) -> int:
 
     ckpt = resolve_checkpoint(str(run_dir))
     load_adapter(policy, ckpt)
-    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
+    load_optimizer(optimizer, ckpt)
     rng = load_file(ckpt / "rng.safetensors")
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
@@ -394,17 +640,46 @@ def load_checkpoint(run_dir: Path, policy, optimizer) -> int:
     return json.loads((ckpt / "state.json").read_text())["iteration"]
 
 
-def truncate_jsonl(path: Path, last_iteration: int) -> None:
-    """Drop records written after the checkpoint we resume from (a crash may have left some)."""
-    if path.exists():
-        lines = [l for l in path.read_text().splitlines() if l and json.loads(l).get("iteration", 0) <= last_iteration]
-        write_atomic(path, "".join(l + "\n" for l in lines))
+def restore_run(run_dir: Path, keep: int, policy, optimizer) -> int:
+    """--resume: load the latest checkpoint, drop the log records written after it and what a
+    crash left in checkpoints/. A run that crashed before its first checkpoint starts over
+    (its first evaluation included). Returns the number of completed iterations."""
+    if latest_checkpoint(run_dir) is None:
+        start, keep_through = 0, -1
+        print(f"[resume] {run_dir}: no checkpoint yet, starting from iteration 0", file=sys.stderr)
+    else:
+        start = keep_through = load_checkpoint(run_dir, policy, optimizer)
+        tidy_checkpoints(run_dir / "checkpoints", keep)
+        print(f"[resume] {run_dir}: continuing after iteration {start}", file=sys.stderr)
+    for name in ("metrics.jsonl", "episodes.jsonl"):
+        truncate_jsonl(run_dir / name, keep_through)
+    return start
 
 
-def append_jsonl(path: Path, records: list[dict]) -> None:
-    with open(path, "a") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+def open_run_dir(cfg: Config) -> Path:
+    """Create (or, with --resume, reopen) the run directory and write config.json."""
+    run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}"
+                   f"{'' if cfg.algo == 'sft' else ('-influence' if cfg.influence == 'on' else '-plain')}")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise SystemExit(f"--run-dir {run_dir}: exists and is not a directory")
+    if not cfg.resume and ((run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists()):
+        raise SystemExit(f"--run-dir {run_dir}: already holds a run; use --resume {run_dir} or another directory")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(run_dir / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2))
+    return run_dir
+
+
+@contextmanager
+def last_good_checkpoint_on_fault(run_dir: Path):
+    """A NaN/inf (FloatingPointError) stops the run before anything of its iteration is saved;
+    add where the last good checkpoint is and how to continue from it."""
+    try:
+        yield
+    except FloatingPointError as err:
+        latest = latest_checkpoint(run_dir)
+        kept = f"{latest} is the last good checkpoint" if latest else "no checkpoint had been written yet"
+        raise FloatingPointError(f"{err}. Nothing of that iteration was saved; {kept}; "
+                                 f"--resume {run_dir} continues from it") from err
 
 
 def log_line(it: int, cfg: Config, m: dict, seconds: dict) -> str:
@@ -421,6 +696,8 @@ def log_line(it: int, cfg: Config, m: dict, seconds: dict) -> str:
             body += (f" pg {m['policy_loss']:+.4f} vf {m['value_loss']:.4f} ent {m['entropy']:.3f} "
                      f"clip {m['clip_fraction']:.3f}")
     line = f"[it {it + 1:>3}/{cfg.iterations}] {body} | s: {phases}"
+    if m.get("warnings"):
+        line += f" | warnings: {','.join(m['warnings'])}"
     if "eval_accuracy" in m:
         line += f" | eval acc {m['eval_accuracy']:.3f} ({m['eval_n']} problems)"
     return line
@@ -436,28 +713,26 @@ def run_eval(cfg, policy, tokenizer, eval_examples) -> dict:
 # ----------------------------------------------------------------------------- main
 
 def main(argv=None) -> Path:
+    """Train; returns the run directory. Bad flags raise SystemExit naming the flag, before the
+    model is loaded where the model's config or the data suffice to tell. A NaN or inf raises
+    FloatingPointError naming the iteration and the phase (rollout, reward, influence, update);
+    nothing of that iteration is saved, so checkpoints/latest is the last good iteration and
+    --resume continues from it. (On the command line it ends with that message, exit status 1.)"""
     cfg = parse_config(argv)
     torch.manual_seed(cfg.seed)
-    run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}"
-                   f"{'' if cfg.algo == 'sft' else ('-influence' if cfg.influence == 'on' else '-plain')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not cfg.resume and (run_dir / "checkpoints" / "latest").exists():
-        raise SystemExit(f"--run-dir {run_dir}: already holds a run; use --resume {run_dir} or another directory")
-    write_atomic(run_dir / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2))
-    print("[config] " + " ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()), file=sys.stderr)
-
-    policy, tokenizer = load_policy(cfg.model, device=cfg.device, lora_targets=cfg.lora_targets.split(","),
-                                    lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
-                                    trust_remote_code=cfg.trust_remote_code)
-    context = policy.lm.config.get_text_config().max_position_embeddings
-    if cfg.max_new_tokens >= context:
-        raise SystemExit(f"--max-new-tokens {cfg.max_new_tokens}: longer than the model's context ({context} tokens)")
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
-
+    check_against_model(cfg, inspect_model(cfg.model, cfg.trust_remote_code))
     train_task = load_task(cfg.dataset, "train", cfg.data_source)
     test_task = load_task(cfg.dataset, "test", cfg.data_source)
-    if cfg.val_size >= len(train_task.examples):
-        raise SystemExit(f"--val-size {cfg.val_size}: the training split has only {len(train_task.examples)} rows")
+    check_against_data(cfg, len(train_task.examples))
+    init_adapter = resolve_checkpoint(cfg.init_adapter, "--init-adapter") if cfg.init_adapter else None
+    run_dir = open_run_dir(cfg)
+    print("[config] " + " ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()), file=sys.stderr)
+
+    policy, tokenizer = load_policy(cfg.model, device=cfg.device, lora_targets=cfg.targets(),
+                                    lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+                                    trust_remote_code=cfg.trust_remote_code)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
+
     # Our choice: the validation set is the last val_size rows of the training split, the same
     # for every seed, and never used as a training prompt.
     train_examples, val_examples = train_task.examples[:-cfg.val_size], train_task.examples[-cfg.val_size:]
@@ -467,43 +742,37 @@ def main(argv=None) -> Path:
     val_seqs = encode_pairs(tokenizer, [make_prompt(e.question, cfg.dataset) for e in val_examples],
                             [e.solution for e in val_examples], device=policy.device)
 
-    start = 0
-    if cfg.resume:
-        start = load_checkpoint(run_dir, policy, optimizer)
-        for name in ("metrics.jsonl", "episodes.jsonl"):
-            truncate_jsonl(run_dir / name, start)
-        print(f"[resume] {run_dir}: continuing after iteration {start}", file=sys.stderr)
-    elif cfg.init_adapter:
+    start = restore_run(run_dir, cfg.keep_checkpoints, policy, optimizer) if cfg.resume else 0
+    if start == 0 and init_adapter:
         # SFT trains no value head: only the LoRA tensors are taken.
-        load_adapter(policy, resolve_checkpoint(cfg.init_adapter), with_value_head=False)
-        print(f"[init] LoRA adapters from {resolve_checkpoint(cfg.init_adapter)}", file=sys.stderr)
-    (run_dir / "data.json").write_text(json.dumps({"train": train_task.source, "test": test_task.source,
-                                                   "val_rows": [e.where for e in val_examples]}, indent=2))
+        load_adapter(policy, init_adapter, with_value_head=False)
+        print(f"[init] LoRA adapters from {init_adapter}", file=sys.stderr)
+    write_atomic(run_dir / "data.json", json.dumps({"train": train_task.source, "test": test_task.source,
+                                                    "val_rows": [e.where for e in val_examples]}, indent=2))
 
     if start == 0 and cfg.eval_every:
         m = run_eval(cfg, policy, tokenizer, eval_examples)
         append_jsonl(run_dir / "metrics.jsonl", [{"iteration": 0, **m}])
         print(f"[it   0/{cfg.iterations}] eval acc {m['eval_accuracy']:.3f} ({m['eval_n']} problems, before training)")
 
-    for it in range(start, cfg.iterations):
-        timer = Timer()
-        if cfg.algo == "sft":
-            metrics, episodes = sft_iteration(it, cfg, policy, tokenizer, optimizer, train_examples, timer)
-        else:
-            metrics, episodes = ppo_iteration(it, cfg, policy, tokenizer, optimizer, train_examples, val_seqs, timer)
-        last = it + 1 == cfg.iterations
-        stop = cfg.stop_below_kept > 0 and metrics.get("kept_fraction", 1.0) < cfg.stop_below_kept
-        if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or last or stop):
-            with timer("eval"):
-                metrics |= run_eval(cfg, policy, tokenizer, eval_examples)
-        metrics["seconds"] = dict(timer.seconds)
-        print(log_line(it, cfg, metrics, timer.seconds), flush=True)
-        append_jsonl(run_dir / "episodes.jsonl", episodes)
-        append_jsonl(run_dir / "metrics.jsonl", [{"iteration": it + 1, **metrics}])
-        save_checkpoint(run_dir, it + 1, cfg, policy, optimizer)
-        if stop:
-            print(f"[stop] kept fraction {metrics['kept_fraction']:.2f} < --stop-below-kept {cfg.stop_below_kept}")
-            break
+    with last_good_checkpoint_on_fault(run_dir):
+        for it in range(start, cfg.iterations):
+            timer = Timer()
+            if cfg.algo == "sft":
+                metrics, episodes = sft_iteration(it, cfg, policy, tokenizer, optimizer, train_examples, timer)
+            else:
+                metrics, episodes = ppo_iteration(it, cfg, policy, tokenizer, optimizer, train_examples, val_seqs, timer)
+            last = it + 1 == cfg.iterations
+            stop = cfg.stop_below_kept > 0 and metrics.get("kept_fraction", 1.0) < cfg.stop_below_kept
+            if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or last or stop):
+                with timer("eval"):
+                    metrics |= run_eval(cfg, policy, tokenizer, eval_examples)
+            metrics["seconds"] = dict(timer.seconds)
+            print(log_line(it, cfg, metrics, timer.seconds), flush=True)
+            commit_iteration(run_dir, it, cfg, metrics, episodes, policy, optimizer)
+            if stop:
+                print(f"[stop] kept fraction {metrics['kept_fraction']:.2f} < --stop-below-kept {cfg.stop_below_kept}")
+                break
     print(f"[done] run directory: {run_dir}")
     return run_dir
 
@@ -512,6 +781,4 @@ if __name__ == "__main__":
     try:
         main()
     except FloatingPointError as err:
-        # The update was not applied; the checkpoint of the previous iteration is intact.
-        raise SystemExit(f"[error] {err}. Nothing was updated; --resume continues from the last good "
-                         "checkpoint (see checkpoints/latest).") from err
+        raise SystemExit(f"[error] {err}") from err

@@ -1,0 +1,160 @@
+"""Nonsense flags are refused at start with a message naming the flag and no traceback; the
+flags that only the model's config or the data can judge are refused before the model loads."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (flags, the flag the message must name): judged from the flags alone.
+REFUSED_BY_VALIDATE = [
+    (["--prompts-per-iter", "-1"], "--prompts-per-iter"),
+    (["--samples-per-prompt", "0"], "--samples-per-prompt"),
+    (["--gen-batch-size", "-4"], "--gen-batch-size"),
+    (["--minibatch-size", "0"], "--minibatch-size"),
+    (["--micro-batch-size", "-1"], "--micro-batch-size"),
+    (["--sft-batch-size", "0"], "--sft-batch-size"),
+    (["--val-batch-size", "0"], "--val-batch-size"),
+    (["--iterations", "0"], "--iterations"),
+    (["--ppo-epochs", "0"], "--ppo-epochs"),
+    (["--keep-checkpoints", "0"], "--keep-checkpoints"),
+    (["--clip-eps", "0"], "--clip-eps"),
+    (["--clip-eps", "-0.1"], "--clip-eps"),
+    (["--clip-eps", "nan"], "--clip-eps"),
+    (["--clip-eps", "inf"], "--clip-eps"),
+    (["--value-clip-eps", "0"], "--value-clip-eps"),
+    (["--lr", "0"], "--lr"),
+    (["--lr", "inf"], "--lr"),
+    (["--temperature", "0"], "--temperature"),
+    (["--max-grad-norm", "-1"], "--max-grad-norm"),
+    (["--lora-rank", "0"], "--lora-rank"),
+    (["--lora-alpha", "0"], "--lora-alpha"),
+    (["--lora-targets", ""], "--lora-targets"),
+    (["--lora-targets", "q_proj,,v_proj"], "--lora-targets"),
+    (["--lora-targets", "q_proj;v_proj"], "--lora-targets"),
+    (["--lora-targets", "q_proj,q_proj"], "--lora-targets"),
+    (["--gamma", "1.5"], "--gamma"),
+    (["--lam", "-0.1"], "--lam"),
+    (["--kl-beta", "-1"], "--kl-beta"),
+    (["--vf-coef", "-1"], "--vf-coef"),
+    (["--ent-coef", "nan"], "--ent-coef"),
+    (["--truncation-penalty", "-1"], "--truncation-penalty"),
+    (["--eval-every", "-1"], "--eval-every"),
+    (["--stop-below-kept", "1"], "--stop-below-kept"),
+    (["--influence", "off", "--random-filter"], "--random-filter"),
+    (["--influence", "off", "--no-reweight"], "--reweight"),
+    (["--device", "tpu"], "--device"),
+    (["--resume", "/no/such/run"], "--resume"),
+]
+
+
+@pytest.mark.parametrize("flags, flag", REFUSED_BY_VALIDATE, ids=[" ".join(f) for f, _ in REFUSED_BY_VALIDATE])
+def test_nonsense_flags_are_refused_naming_the_flag(flags, flag):
+    with pytest.raises(SystemExit) as refused:
+        train.parse_config(flags)
+    assert isinstance(refused.value.code, str) and refused.value.code.startswith(flag), refused.value.code
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is visible")
+def test_a_device_that_is_not_there_is_refused():
+    with pytest.raises(SystemExit, match="--device: no CUDA GPU is visible"):
+        train.parse_config(["--device", "cuda"])
+
+
+def test_values_of_the_wrong_type_are_refused_by_argparse_naming_the_flag(capsys):
+    for flags, flag in [(["--iterations", "abc"], "--iterations"), (["--dataset", "chess"], "--dataset"),
+                        (["--lr", "fast"], "--lr")]:
+        with pytest.raises(SystemExit) as refused:
+            train.parse_config(flags)
+        assert refused.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
+
+
+def test_sensible_flags_pass_and_lora_targets_may_have_spaces():
+    cfg = train.parse_config(["--lora-targets", "q_proj, v_proj", "--clip-eps", "0.1", "--gamma", "1"])
+    assert cfg.targets() == ["q_proj", "v_proj"] and math.isclose(cfg.clip_eps, 0.1)
+
+
+@pytest.fixture
+def model_never_loads(monkeypatch):
+    """These flags must be refused before the (slow) model load."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the flags were checked")
+    monkeypatch.setattr(train, "load_policy", refuse)
+
+
+def refusal(tiny_dir, run_dir, *flags) -> str:
+    with pytest.raises(SystemExit) as refused:
+        train.main(["--model", tiny_dir, "--run-dir", str(run_dir), "--data-source", "local", "--no-progress", *flags])
+    assert isinstance(refused.value.code, str)
+    return refused.value.code
+
+
+def test_an_unknown_model_is_refused_naming_the_flag(tiny_dir, tmp_path, model_never_loads):
+    for model in ["/no/such/model/dir", str(tmp_path), "no-such-org/no-such-model"]:
+        with pytest.raises(SystemExit, match=r"--model .*could not load it"):
+            train.main(["--model", model, "--run-dir", str(tmp_path / "r"), "--data-source", "local"])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lora-targets", "q_proj,bogus_proj"], r"--lora-targets: .* no linear layer named \['bogus_proj'\]"),
+    (["--max-new-tokens", "5000"], r"--max-new-tokens 5000: longer than the model's context \(1024 tokens"),
+    (["--max-new-tokens", "1024"], r"--max-new-tokens 1024: longer than the model's context"),
+    (["--eval-max-new-tokens", "2000"], r"--eval-max-new-tokens 2000: longer than the model's context"),
+    (["--val-size", "7473"], r"--val-size 7473: the training split has only 7473 rows"),
+    (["--init-adapter", "/no/such/checkpoint"], r"--init-adapter /no/such/checkpoint: neither a checkpoint"),
+])
+def test_flags_that_do_not_fit_the_model_or_data_are_refused_before_loading(tiny_dir, tmp_path, model_never_loads,
+                                                                          flags, message):
+    import re
+    assert re.search(message, refusal(tiny_dir, tmp_path / "r", *flags))
+    assert not (tmp_path / "r").exists()   # refused before the run directory was made
+
+
+def test_a_run_directory_is_never_overwritten(tiny_dir, tmp_path, model_never_loads):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"iteration": 0}\n')
+    assert "already holds a run; use --resume" in refusal(tiny_dir, run_dir)
+    assert (run_dir / "metrics.jsonl").read_text() == '{"iteration": 0}\n'
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    assert "exists and is not a directory" in refusal(tiny_dir, a_file)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "not valid JSON"),
+    ('{"lr": 1e-4, "rocket_boost": true}', r"unknown fields \['rocket_boost'\]"),
+    ('{"lr": "fast"}', "field 'lr' should be float"),
+    ('{"iterations": 2.5}', "field 'iterations' should be int"),
+    ('{"clip_eps": -1}', "--clip-eps: must be > 0"),
+])
+def test_a_tampered_config_json_is_refused_on_resume(tmp_path, content, message):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(content)
+    with pytest.raises(SystemExit, match=message):
+        train.parse_config(["--resume", str(run_dir)])
+
+
+def test_the_command_line_refuses_without_a_traceback(tiny_dir):
+    for flags, flag in [(["--clip-eps", "0"], "--clip-eps"), (["--model", "/no/such/dir"], "--model")]:
+        done = subprocess.run([sys.executable, "train.py", *flags, "--data-source", "local"], cwd=ROOT,
+                              capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert done.returncode == 1 and "Traceback" not in done.stderr
+        assert done.stderr.strip().splitlines()[-1].startswith(flag), done.stderr
+
+
+def test_config_json_round_trips_through_resume(tiny_dir, tmp_path):
+    cfg = train.parse_config(["--run-dir", str(tmp_path / "r"), "--lr", "3e-5", "--lora-targets", "q_proj,v_proj"])
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.json").write_text(json.dumps(train.dataclasses.asdict(cfg)))
+    resumed = train.parse_config(["--resume", str(tmp_path / "r")])
+    assert resumed.lr == 3e-5 and resumed.lora_targets == "q_proj,v_proj" and resumed.resume == str(tmp_path / "r")
