@@ -25,6 +25,8 @@ Public:
     setup() -> Dist          initialise from torchrun's environment (or a single process)
     Dist.sum(t)              element-wise sum over ranks (in place, returned)
     Dist.cat(t)              1-D tensors of any length from every rank, concatenated in rank order
+    Dist.offset(n)           where this rank's n items start in that concatenation
+    Dist.gather_objects(xs)  lists of Python objects from every rank, concatenated in rank order
     Dist.sum_grads(params)   sum .grad over ranks
     Dist.broadcast(obj)      rank 0's Python object on every rank
     Dist.share(n)            (start, stop) of this rank's contiguous share of n items
@@ -71,6 +73,22 @@ class Dist:
         parts = [torch.empty_like(padded) for _ in range(self.world)]
         dist.all_gather(parts, padded)
         return torch.cat([p[:int(s.item())] for p, s in zip(parts, sizes)])
+
+    def offset(self, n: int) -> int:
+        """Where this rank's n items start in Dist.cat's concatenation."""
+        if not self.active:
+            return 0
+        sizes = [None] * self.world
+        dist.all_gather_object(sizes, n)
+        return sum(sizes[:self.rank])
+
+    def gather_objects(self, items: list) -> list:
+        """Python objects (e.g. episode records) from every rank, concatenated in rank order."""
+        if not self.active:
+            return items
+        parts = [None] * self.world
+        dist.all_gather_object(parts, items)
+        return [x for part in parts for x in part]
 
     def sum_grads(self, params) -> None:
         if self.active:

@@ -51,11 +51,15 @@ def sft_nll(policy, seqs: Sequences):
     return -(logprobs * seqs.response_mask).sum(-1), seqs.response_mask.sum(-1)
 
 
-def validation_gradient(policy, val_seqs: Sequences, batch_size: int = 8, progress: bool = False) -> torch.Tensor:
+def validation_gradient(policy, val_seqs: Sequences, batch_size: int = 8, progress: bool = False,
+                        n_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """g_val = grad over the LoRA parameters of  (sum of NLL over all validation reference
-    tokens) / (number of those tokens). Accumulated over batches; returns (P,) fp32."""
+    tokens) / (number of those tokens). Accumulated over batches; returns (P,) fp32.
+    `n_tokens` overrides the denominator: under torchrun each rank holds a share of the
+    validation set and divides by the token count of all shares, so the sum over ranks of
+    the returned vectors is g_val of the whole set."""
     params = lora_parameters(policy)
-    n_tokens_total = val_seqs.response_mask.sum()
+    n_tokens_total = val_seqs.response_mask.sum() if n_tokens is None else n_tokens
     g_val = torch.zeros(sum(p.numel() for p in params), device=val_seqs.response_mask.device)
     for s in tqdm(range(0, len(val_seqs), batch_size), desc="g_val", unit="batch", disable=not progress, leave=False):
         part = val_seqs.select(range(s, min(s + batch_size, len(val_seqs))))
@@ -130,14 +134,19 @@ def onepass_scores(policy, rollouts: Rollouts, advantages: torch.Tensor, g_val: 
         finally:
             for h in handles:
                 h.remove()
-        # The contractions run in float64: they sum ~10^5 products per episode.
+        # Per layer, both terms in two matmuls: x [A; V_A]^T = [u, V_A x] and d [V_B, B] = [V_B^T d, B^T d],
+        # so their elementwise product summed over the last dim is d^T V_B u + (B^T d)^T V_A x.
+        # The matmuls run in the adapters' dtype (fp32); the sums over positions and layers (~10^5 terms of both signs
+        # per episode) are accumulated in float64.
         part_scores = torch.zeros(len(part), device=g_val.device, dtype=torch.float64)
-        for k, (layer, (V_A, V_B)) in enumerate(zip(layers, slices)):
-            x, d = seen[k][0].double(), seen[k][1].double()                   # (n, L, in), (n, L, out)
-            u = x @ layer.lora_A.detach().double().T                          # (n, L, r)
-            term_B = ((d @ V_B.double()) * u).sum(-1)                         # (n, L)  d^T V_B u
-            term_A = ((d @ layer.lora_B.detach().double()) * (x @ V_A.double().T)).sum(-1)  # (B^T d)^T V_A x
-            part_scores += layer.scale * (term_A + term_B).sum(-1)            # sum over positions
+        with torch.no_grad():
+            for k, (layer, (V_A, V_B)) in enumerate(zip(layers, slices)):
+                dtype = layer.lora_A.dtype  # fp32 (LoRA weights always are), fp64 in the benchmark's check
+                x, d = seen[k][0].to(dtype), seen[k][1].to(dtype)                    # (n, L, in), (n, L, out)
+                left = x @ torch.cat([layer.lora_A, V_A.to(dtype)]).T                # (n, L, 2r)
+                right = d @ torch.cat([V_B.to(dtype), layer.lora_B], dim=1)          # (n, L, 2r)
+                per_position = (left * right).sum(-1)                                # (n, L)
+                part_scores += layer.scale * per_position.double().sum(-1)           # sum over positions
         scores.append(part_scores.float())
     return torch.cat(scores)
 

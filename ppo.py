@@ -60,12 +60,15 @@ def gae(rewards, values, mask, gamma: float, lam: float):
     return advantages, returns
 
 
-def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, reduce_sum=None) -> torch.Tensor:
     """(x - mean) / std, with mean and (biased) variance over all masked tokens of all
-    episodes together; zero outside the mask. (N, T) -> (N, T)."""
-    n = mask.sum().clamp(min=1.0)
-    mean = (x * mask).sum() / n
-    var = (((x - mean) * mask) ** 2).sum() / n
+    episodes together; zero outside the mask. (N, T) -> (N, T).
+    `reduce_sum`, if given, is applied to each sum (the token count included) before it is
+    used: under torchrun it sums over ranks, so the statistics are those of the whole batch."""
+    total = reduce_sum or (lambda t: t)
+    n = total(mask.sum()).clamp(min=1.0)
+    mean = total((x * mask).sum()) / n
+    var = total((((x - mean) * mask) ** 2).sum()) / n
     return (x - mean) * torch.rsqrt(var + eps) * mask
 
 

@@ -37,11 +37,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from distributed import Dist
+from distributed import setup as setup_distributed
 from evaluate import evaluate
 from influence import (binary_filter, episode_gradients, filter_and_reweight, influence_scores, onepass_scores,
                        random_filter, sft_nll, validation_gradient)
 from model import OFFLINE_DEFAULT, ModelInfo, inspect_model, load_adapter, load_policy, save_adapter
 from ppo import clip_fraction, gae, kl_penalized_rewards, masked_mean, policy_loss, value_loss, whiten
+from report import write_plots, write_report
 from reward import TASKS, load_task, make_prompt, reward_fn
 from rollout import encode_pairs, generate_rollouts, token_logprobs
 
@@ -105,6 +108,7 @@ class Config:
     device: str = flag("auto", "auto (cuda > mps > cpu), cpu, cuda or mps")
     trust_remote_code: bool = flag(False, "allow a hub model to run its own code (off unless asked)")
     progress: bool = flag(True, "tqdm progress bars (--no-progress to hide)")
+    plots: bool = flag(True, "write plots.png and report.html into the run directory at the end (--no-plots to skip)")
 
     def validate(self) -> None:
         """Refuse nonsense at start, naming the flag. (Flags that must fit the model or the data
@@ -153,6 +157,14 @@ def check_against_model(cfg: Config, model: ModelInfo) -> None:
     if unknown:
         raise SystemExit(f"--lora-targets: {cfg.model} has no linear layer named {unknown}; "
                          f"its linear layers are {model.linear_names}")
+
+
+def check_against_world(cfg: Config, world: int) -> None:
+    """Under torchrun every rank needs at least one prompt, validation row and SFT example."""
+    for name in ("prompts_per_iter", "val_size", "sft_batch_size"):
+        if getattr(cfg, name) < world:
+            raise SystemExit(f"--{name.replace('_', '-')} {getattr(cfg, name)}: fewer than the {world} torchrun "
+                             "processes; each process needs at least one")
 
 
 def check_against_data(cfg: Config, n_train_rows: int) -> None:
@@ -218,10 +230,13 @@ def read_saved_config(path: Path) -> dict:
 
 # ----------------------------------------------------------------------------- helpers
 
-def derived_seed(seed: int, iteration: int, purpose: int) -> int:
-    """Every random draw of an iteration comes from (seed, iteration, purpose), so a resumed
-    run draws exactly what the uninterrupted run would have."""
-    return (seed * 1_000_003 + iteration * 7_919 + purpose) % (2**63)
+def derived_seed(seed: int, iteration: int, purpose: int, rank: int = 0) -> int:
+    """Every random draw of an iteration comes from (seed, iteration, purpose, rank), so a
+    resumed run draws exactly what the uninterrupted run would have (rank: the torchrun process)."""
+    return (seed * 1_000_003 + iteration * 7_919 + purpose + rank * 104_729) % (2**63)
+
+
+SINGLE = Dist()  # one process: every collective of distributed.py is the identity
 
 
 SAMPLING, FILTER, SHUFFLE, MINIBATCHES = 1, 2, 3, 4
@@ -263,30 +278,39 @@ def require_finite(it: int, phase: str, **tensors: torch.Tensor) -> None:
                                      f"(phase: {phase})")
 
 
-def batch_warnings(cfg: Config, scores: torch.Tensor, truncated: torch.Tensor, keep: torch.Tensor) -> dict[str, str]:
-    """Degenerate iterations: handled (the run goes on) but logged, {name: explanation}."""
+def batch_warnings(cfg: Config, rewards: torch.Tensor, truncated: torch.Tensor, n_kept: int) -> dict[str, str]:
+    """Degenerate iterations: handled (the run goes on) but logged, {name: explanation}.
+    rewards, truncated: (N,) over all episodes of the iteration (all ranks)."""
     warnings = {}
-    if bool((scores == scores[0]).all()):
-        warnings["rewards_equal"] = (f"all {len(scores)} rewards are {scores[0].item():g}: no reward signal, "
+    if bool((rewards == rewards[0]).all()):
+        warnings["rewards_equal"] = (f"all {len(rewards)} rewards are {rewards[0].item():g}: no reward signal, "
                                      "the advantages carry only the KL penalty and the value error")
     if bool(truncated.all()):
         warnings["all_truncated"] = (f"every response hit --max-new-tokens {cfg.max_new_tokens} without EOS "
                                      "(consider a larger limit or --truncation-penalty)")
-    if not keep.any():
+    if n_kept == 0:
         warnings["nothing_kept"] = "every episode scored <= 0: update skipped"
     return warnings
 
 
 # ----------------------------------------------------------------------------- the algorithm
+#
+# Under torchrun (distributed.py) each rank runs these functions on its share of the prompts;
+# every sum, mean or selection that the algorithm box defines over the whole batch goes through
+# `dist`, so K ranks compute the update of one process holding all K shares. In one process
+# `dist` is SINGLE and those calls do nothing.
 
-def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_examples, val_seqs, timer) -> tuple[dict, list]:
-    """One I-PPO iteration, the algorithm box of the paper. Returns (metrics, episode records)."""
+def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_examples, val_seqs, timer,
+                  dist: Dist = SINGLE) -> tuple[dict, list]:
+    """One I-PPO iteration, the algorithm box of the paper. Returns (metrics, episode records),
+    both over all ranks' episodes."""
     examples = [train_examples[i] for i in batch_indices(len(train_examples), it, cfg.prompts_per_iter, cfg.seed)]
+    examples = examples[slice(*dist.share(len(examples)))]  # this rank's prompts (all of them in one process)
 
     with timer("rollout"):
         rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
-                                     temperature=cfg.temperature, seed=derived_seed(cfg.seed, it, SAMPLING),
+                                     temperature=cfg.temperature, seed=derived_seed(cfg.seed, it, SAMPLING, dist.rank),
                                      batch_size=cfg.gen_batch_size, progress=cfg.progress)
         mask = rollouts.response_mask                                                    # (N, T)
         golds = [examples[j].gold for j in rollouts.prompt_index]
@@ -300,29 +324,34 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         require_finite(it, "reward", scores=scores)
 
     with timer("advantages"):
-        rewards, kl = kl_penalized_rewards(scores, rollouts.old_logprobs, rollouts.ref_logprobs, mask, cfg.kl_beta)
-        advantages, returns = gae(rewards, rollouts.values, mask, cfg.gamma, cfg.lam)   # (N, T) each
-        advantages = whiten(advantages, mask)
+        advantages, returns, kl = compute_advantages(cfg, rollouts, scores, dist)        # (N, T) each
 
     with timer("influence"):
-        keep, weights, influence = select_episodes(it, cfg, policy, rollouts, advantages, val_seqs)
+        keep, weights, influence = select_episodes(it, cfg, policy, rollouts, advantages, val_seqs, dist)
+        n_kept = int(dist.sum(keep.sum()))                                               # |D'| over all ranks
 
     with timer("update"):
-        if keep.any():
-            update = ppo_update(it, cfg, policy, optimizer, rollouts, advantages, returns, keep, weights)
+        if n_kept > 0:
+            update = ppo_update(it, cfg, policy, optimizer, rollouts, advantages, returns, keep, weights, dist)
         else:
             update = {"skipped": True}
 
-    warnings = batch_warnings(cfg, scores, rollouts.truncated, keep)
+    all_rewards = dist.cat(scores)
+    warnings = batch_warnings(cfg, all_rewards, dist.cat(rollouts.truncated.to(mask.device, torch.float32)).bool(), n_kept)
     for what in warnings.values():
-        print(f"[it {it + 1}] warning: {what}", file=sys.stderr)
+        if dist.is_main:
+            print(f"[it {it + 1}] warning: {what}", file=sys.stderr)
 
     correct = torch.tensor([reward_fn(t, g, cfg.dataset) for t, g in zip(rollouts.responses, golds)])
+    # Sums and counts over all ranks first, then the means (every reduction says its denominator).
+    total = dict(zip(("reward", "correct", "truncated", "tokens", "episodes", "kl"), dist.sum(torch.tensor(
+        [scores.sum().item(), correct.sum().item(), rollouts.truncated.sum().item(), mask.sum().item(),
+         len(rollouts), kl.sum().item()], dtype=torch.float64, device=mask.device)).tolist()))
     metrics = {
-        "reward": scores.mean().item(), "accuracy": correct.mean().item(),
-        "truncated": rollouts.truncated.float().mean().item(), "response_tokens": mask.sum(-1).mean().item(),
-        "episodes": len(rollouts), "kept": int(keep.sum()), "kept_fraction": keep.float().mean().item(),
-        "kl": (kl.sum() / mask.sum().clamp(min=1)).item(),  # mean over all response tokens
+        "reward": total["reward"] / total["episodes"], "accuracy": total["correct"] / total["episodes"],
+        "truncated": total["truncated"] / total["episodes"], "response_tokens": total["tokens"] / total["episodes"],
+        "episodes": int(total["episodes"]), "kept": n_kept, "kept_fraction": n_kept / total["episodes"],
+        "kl": total["kl"] / max(total["tokens"], 1.0),  # mean over all response tokens
         **influence, **update,
     }
     if warnings:
@@ -333,16 +362,30 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
                  "kept": bool(keep[i]), "weight": weights[i].item()}
                 for i, j in enumerate(rollouts.prompt_index)]
     metrics.pop("scores", None)
-    return metrics, episodes
+    return metrics, dist.gather_objects(episodes)
 
 
-def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs):
+def compute_advantages(cfg: Config, rollouts, scores: torch.Tensor, dist: Dist = SINGLE):
+    """r_t = -beta (log pi_old - log pi_ref) + score at the last token (ppo.kl_penalized_rewards);
+    A_t, R_t = GAE(gamma, lambda) (ppo.gae); A whitened over the response tokens of the whole
+    batch, all ranks' (ppo.whiten). Returns (advantages, returns, kl), each (N, T)."""
+    mask = rollouts.response_mask
+    rewards, kl = kl_penalized_rewards(scores, rollouts.old_logprobs, rollouts.ref_logprobs, mask, cfg.kl_beta)
+    advantages, returns = gae(rewards, rollouts.values, mask, cfg.gamma, cfg.lam)
+    return whiten(advantages, mask, reduce_sum=dist.sum), returns, kl
+
+
+def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs, dist: Dist = SINGLE):
     """Influence scores at theta_old and the kept set D' with its weights.
-    Returns (keep (N,) bool, weights (N,), metrics dict)."""
+    Returns (keep (N,) bool, weights (N,), metrics dict) for this rank's episodes; the filter
+    and the weight normalisation (mean score over the kept episodes) see all ranks' scores."""
     N = len(rollouts)
     if cfg.influence == "off":  # plain PPO: every episode, weight 1
         return torch.ones(N, dtype=torch.bool, device=advantages.device), torch.ones(N, device=advantages.device), {}
-    g_val = validation_gradient(policy, val_seqs, cfg.val_batch_size, progress=cfg.progress)          # (P,)
+    # g_val over the whole validation set: each rank's share divided by the token count of all shares, summed.
+    n_val_tokens = dist.sum(val_seqs.response_mask.sum())
+    g_val = dist.sum(validation_gradient(policy, val_seqs, cfg.val_batch_size, progress=cfg.progress,
+                                         n_tokens=n_val_tokens))                                      # (P,)
     require_finite(it, "influence", g_val=g_val)
     if cfg.influence_method == "loop":
         grads = episode_gradients(policy, rollouts, advantages, clip_eps=cfg.clip_eps,
@@ -351,48 +394,62 @@ def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs):
     else:
         scores = onepass_scores(policy, rollouts, advantages, g_val, clip_eps=cfg.clip_eps,
                                 temperature=cfg.temperature, batch_size=cfg.micro_batch_size)         # (N,)
-    require_finite(it, "influence", scores=scores)
+    all_scores = dist.cat(scores)                                                                     # (N_all,)
+    require_finite(it, "influence", scores=all_scores)
     if cfg.random_filter:
-        keep, weights = random_filter(scores, torch.Generator().manual_seed(derived_seed(cfg.seed, it, FILTER)))
+        keep, weights = random_filter(all_scores, torch.Generator().manual_seed(derived_seed(cfg.seed, it, FILTER)))
     elif cfg.reweight:
-        keep, weights = filter_and_reweight(scores)
+        keep, weights = filter_and_reweight(all_scores)
     else:
-        keep, weights = binary_filter(scores)
-    return keep, weights, {"score_mean": scores.mean().item(), "score_min": scores.min().item(),
-                           "score_max": scores.max().item(), "positive_fraction": (scores > 0).float().mean().item(),
-                           "g_val_norm": g_val.norm().item(), "scores": scores.tolist()}
+        keep, weights = binary_filter(all_scores)
+    mine = slice(dist.offset(N), dist.offset(N) + N)  # this rank's episodes within all_scores
+    return keep[mine], weights[mine], {
+        "score_mean": all_scores.mean().item(), "score_min": all_scores.min().item(),
+        "score_max": all_scores.max().item(), "positive_fraction": (all_scores > 0).float().mean().item(),
+        "g_val_norm": g_val.norm().item(), "scores": scores.tolist()}
 
 
-def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns, keep, weights) -> dict:
+def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns, keep, weights,
+               dist: Dist = SINGLE) -> dict:
     """PPO epochs over the kept episodes D'. Per optimizer step on a minibatch M of D':
         loss = (1/|M|) sum_{i in M} [ w_i L_clip_i + c_v L_V_i - c_e H_i ]
-    (per-episode losses are token means; the value loss is unweighted, our choice). With
-    --minibatch-size >= |D'| this is exactly the objective of the algorithm box."""
+    (per-episode losses are token means; the value loss is unweighted, our choice). Each epoch
+    shuffles D' and splits it into ceil(|D'| / --minibatch-size) minibatches of balanced sizes
+    (our choice), so with --minibatch-size >= |D'| this is exactly the objective of the
+    algorithm box. Under torchrun each rank splits its own kept episodes into that many parts:
+    minibatch j is the union of the ranks' parts j, |M| is counted over ranks, and the
+    gradients are summed over ranks before the step."""
+    device = advantages.device
     kept = keep.nonzero().squeeze(-1).cpu()
-    generator = torch.Generator().manual_seed(derived_seed(cfg.seed, it, MINIBATCHES))
-    sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0}
-    n_seen = 0
-    steps = [(e, mb) for e in range(cfg.ppo_epochs) for mb in chunks(kept[torch.randperm(len(kept), generator=generator)],
-                                                                     cfg.minibatch_size)]
+    n_minibatches = math.ceil(int(dist.sum(torch.tensor(len(kept), device=device))) / cfg.minibatch_size)
+    generator = torch.Generator().manual_seed(derived_seed(cfg.seed, it, MINIBATCHES, dist.rank))
+    params = [p for p in policy.parameters() if p.requires_grad]
+    sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "visits": 0.0}
+    steps = [(e, mb) for e in range(cfg.ppo_epochs)
+             for mb in kept[torch.randperm(len(kept), generator=generator)].tensor_split(n_minibatches)]
     for epoch, minibatch in tqdm(steps, desc="updating", unit="step", disable=not cfg.progress, leave=False):
         optimizer.zero_grad(set_to_none=True)
+        size = dist.sum(torch.tensor(float(len(minibatch)), device=device))                # |M|, all ranks
         for micro in chunks(minibatch, cfg.micro_batch_size):
             part = rollouts.select(micro)
             logprobs, values, entropy = token_logprobs(policy, part, cfg.temperature, with_entropy=True)  # (n, T)
             pg = policy_loss(logprobs, part.old_logprobs, advantages[micro], part.response_mask, cfg.clip_eps)  # (n,)
             vf = value_loss(values, part.values, returns[micro], part.response_mask, cfg.value_clip_eps)       # (n,)
             ent = masked_mean(entropy, part.response_mask)                                    # (n,)
-            loss = ((weights[micro] * pg).sum() + cfg.vf_coef * vf.sum() - cfg.ent_coef * ent.sum()) / len(minibatch)
+            loss = ((weights[micro] * pg).sum() + cfg.vf_coef * vf.sum() - cfg.ent_coef * ent.sum()) / size
             require_finite(it, f"update, epoch {epoch + 1}", loss=loss)
             loss.backward()
             sums["policy_loss"] += pg.sum().item()
             sums["value_loss"] += vf.sum().item()
             sums["entropy"] += ent.sum().item()
             sums["clip_fraction"] += clip_fraction(logprobs, part.old_logprobs, part.response_mask, cfg.clip_eps).sum().item()
-            n_seen += len(micro)
+            sums["visits"] += len(micro)
+        dist.sum_grads(params)
         clip_and_step(it, cfg, policy, optimizer)
-    # Reported: unweighted means over every episode visit of every epoch.
-    return {k: v / n_seen for k, v in sums.items()} | {"optimizer_steps": len(steps)}
+    # Reported: unweighted means over every episode visit of every epoch, all ranks.
+    total = dict(zip(sums, dist.sum(torch.tensor(list(sums.values()), dtype=torch.float64, device=device)).tolist()))
+    visits = total.pop("visits")
+    return {k: v / visits for k, v in total.items()} | {"optimizer_steps": len(steps)}
 
 
 def clip_and_step(it: int, cfg: Config, policy, optimizer) -> None:
@@ -402,23 +459,27 @@ def clip_and_step(it: int, cfg: Config, policy, optimizer) -> None:
     optimizer.step()
 
 
-def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_examples, timer) -> tuple[dict, list]:
-    """One SFT step: loss = (sum of NLL over the batch's reference tokens) / (their count)."""
+def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_examples, timer,
+                  dist: Dist = SINGLE) -> tuple[dict, list]:
+    """One SFT step: loss = (sum of NLL over the batch's reference tokens) / (their count),
+    with the batch (and the count) spread over the ranks under torchrun."""
     examples = [train_examples[i] for i in batch_indices(len(train_examples), it, cfg.sft_batch_size, cfg.seed)]
+    examples = examples[slice(*dist.share(len(examples)))]
     with timer("update"):
         seqs = encode_pairs(tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
                             [e.solution for e in examples], device=policy.device)
-        n_tokens = seqs.response_mask.sum()
+        n_tokens = dist.sum(seqs.response_mask.sum())                                     # all ranks
         optimizer.zero_grad(set_to_none=True)
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=n_tokens.device)
         for micro in chunks(torch.arange(len(seqs)), cfg.micro_batch_size):
             nll, _ = sft_nll(policy, seqs.select(micro))
             loss = nll.sum() / n_tokens
             require_finite(it, "update", sft_loss=loss)
             loss.backward()
             total += loss.item()
+        dist.sum_grads([p for p in policy.parameters() if p.requires_grad])
         clip_and_step(it, cfg, policy, optimizer)
-    return {"sft_loss": total, "tokens": int(n_tokens)}, []
+    return {"sft_loss": dist.sum(total).item(), "tokens": int(n_tokens)}, []
 
 
 # ----------------------------------------------------------------------------- run directory
@@ -640,19 +701,23 @@ def load_checkpoint(run_dir: Path, policy, optimizer) -> int:
     return json.loads((ckpt / "state.json").read_text())["iteration"]
 
 
-def restore_run(run_dir: Path, keep: int, policy, optimizer) -> int:
+def restore_run(run_dir: Path, keep: int, policy, optimizer, writer: bool = True) -> int:
     """--resume: load the latest checkpoint, drop the log records written after it and what a
     crash left in checkpoints/. A run that crashed before its first checkpoint starts over
-    (its first evaluation included). Returns the number of completed iterations."""
+    (its first evaluation included). Returns the number of completed iterations. Under
+    torchrun every rank loads; only the writer (rank 0) tidies the run directory."""
     if latest_checkpoint(run_dir) is None:
         start, keep_through = 0, -1
-        print(f"[resume] {run_dir}: no checkpoint yet, starting from iteration 0", file=sys.stderr)
+        message = f"[resume] {run_dir}: no checkpoint yet, starting from iteration 0"
     else:
         start = keep_through = load_checkpoint(run_dir, policy, optimizer)
-        tidy_checkpoints(run_dir / "checkpoints", keep)
-        print(f"[resume] {run_dir}: continuing after iteration {start}", file=sys.stderr)
-    for name in ("metrics.jsonl", "episodes.jsonl"):
-        truncate_jsonl(run_dir / name, keep_through)
+        message = f"[resume] {run_dir}: continuing after iteration {start}"
+    if writer:
+        print(message, file=sys.stderr)
+        if start:
+            tidy_checkpoints(run_dir / "checkpoints", keep)
+        for name in ("metrics.jsonl", "episodes.jsonl"):
+            truncate_jsonl(run_dir / name, keep_through)
     return start
 
 
@@ -703,11 +768,20 @@ def log_line(it: int, cfg: Config, m: dict, seconds: dict) -> str:
     return line
 
 
-def run_eval(cfg, policy, tokenizer, eval_examples) -> dict:
-    result = evaluate(policy, tokenizer, eval_examples, cfg.dataset, max_new_tokens=cfg.eval_max_new_tokens,
-                      batch_size=cfg.gen_batch_size, progress=cfg.progress)
-    return {"eval_accuracy": result["accuracy"], "eval_stderr": result["stderr"], "eval_n": result["n"],
-            "eval_unparsed": result["n_unparsed"], "eval_truncated": result["n_truncated"]}
+def run_eval(cfg, policy, tokenizer, eval_examples, dist: Dist = SINGLE) -> dict:
+    """Greedy exact match on eval_examples (under torchrun each rank takes its share and the
+    counts are summed)."""
+    mine = eval_examples[slice(*dist.share(len(eval_examples)))]
+    counts = torch.zeros(4, dtype=torch.float64, device=policy.device)   # correct, n, unparsed, truncated
+    if mine:
+        r = evaluate(policy, tokenizer, mine, cfg.dataset, max_new_tokens=cfg.eval_max_new_tokens,
+                     batch_size=cfg.gen_batch_size, progress=cfg.progress)
+        counts += torch.tensor([r["n_correct"], r["n"], r["n_unparsed"], r["n_truncated"]],
+                               dtype=torch.float64, device=counts.device)
+    n_correct, n, n_unparsed, n_truncated = dist.sum(counts).tolist()
+    accuracy = n_correct / max(n, 1)
+    return {"eval_accuracy": accuracy, "eval_stderr": math.sqrt(accuracy * (1 - accuracy) / max(n, 1)),
+            "eval_n": int(n), "eval_unparsed": int(n_unparsed), "eval_truncated": int(n_truncated)}
 
 
 # ----------------------------------------------------------------------------- main
@@ -717,63 +791,79 @@ def main(argv=None) -> Path:
     model is loaded where the model's config or the data suffice to tell. A NaN or inf raises
     FloatingPointError naming the iteration and the phase (rollout, reward, influence, update);
     nothing of that iteration is saved, so checkpoints/latest is the last good iteration and
-    --resume continues from it. (On the command line it ends with that message, exit status 1.)"""
+    --resume continues from it. (On the command line it ends with that message, exit status 1.)
+    Under torchrun every rank runs main(); only rank 0 prints, writes the run directory and
+    checkpoints."""
+    dist = setup_distributed()
     cfg = parse_config(argv)
+    check_against_world(cfg, dist.world)
     torch.manual_seed(cfg.seed)
     check_against_model(cfg, inspect_model(cfg.model, cfg.trust_remote_code))
     train_task = load_task(cfg.dataset, "train", cfg.data_source)
     test_task = load_task(cfg.dataset, "test", cfg.data_source)
     check_against_data(cfg, len(train_task.examples))
     init_adapter = resolve_checkpoint(cfg.init_adapter, "--init-adapter") if cfg.init_adapter else None
-    run_dir = open_run_dir(cfg)
-    print("[config] " + " ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()), file=sys.stderr)
+    run_dir = Path(dist.broadcast(str(open_run_dir(cfg)) if dist.is_main else None))
+    say = print if dist.is_main else (lambda *args, **kwargs: None)  # rank 0 speaks for all
+    cfg.progress = cfg.progress and dist.is_main
+    say("[config] " + " ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()), file=sys.stderr)
+    if dist.active:
+        say(f"[torchrun] {dist.world} processes, backend {dist.backend}", file=sys.stderr)
 
     policy, tokenizer = load_policy(cfg.model, device=cfg.device, lora_targets=cfg.targets(),
                                     lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
-                                    trust_remote_code=cfg.trust_remote_code)
+                                    trust_remote_code=cfg.trust_remote_code, quiet=not dist.is_main)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
 
     # Our choice: the validation set is the last val_size rows of the training split, the same
     # for every seed, and never used as a training prompt.
     train_examples, val_examples = train_task.examples[:-cfg.val_size], train_task.examples[-cfg.val_size:]
     eval_examples = test_task.examples[:cfg.eval_limit]
-    print(f"[data] train {len(train_examples)} + validation {len(val_examples)} rows from {train_task.source}; "
-          f"eval {len(eval_examples)} rows from {test_task.source}", file=sys.stderr)
-    val_seqs = encode_pairs(tokenizer, [make_prompt(e.question, cfg.dataset) for e in val_examples],
-                            [e.solution for e in val_examples], device=policy.device)
+    say(f"[data] train {len(train_examples)} + validation {len(val_examples)} rows from {train_task.source}; "
+        f"eval {len(eval_examples)} rows from {test_task.source}", file=sys.stderr)
+    val_share = val_examples[slice(*dist.share(len(val_examples)))]   # all of them in one process
+    val_seqs = encode_pairs(tokenizer, [make_prompt(e.question, cfg.dataset) for e in val_share],
+                            [e.solution for e in val_share], device=policy.device)
 
-    start = restore_run(run_dir, cfg.keep_checkpoints, policy, optimizer) if cfg.resume else 0
+    start = restore_run(run_dir, cfg.keep_checkpoints, policy, optimizer, writer=dist.is_main) if cfg.resume else 0
     if start == 0 and init_adapter:
         # SFT trains no value head: only the LoRA tensors are taken.
         load_adapter(policy, init_adapter, with_value_head=False)
-        print(f"[init] LoRA adapters from {init_adapter}", file=sys.stderr)
-    write_atomic(run_dir / "data.json", json.dumps({"train": train_task.source, "test": test_task.source,
-                                                    "val_rows": [e.where for e in val_examples]}, indent=2))
+        say(f"[init] LoRA adapters from {init_adapter}", file=sys.stderr)
+    if dist.is_main:
+        write_atomic(run_dir / "data.json", json.dumps({"train": train_task.source, "test": test_task.source,
+                                                        "val_rows": [e.where for e in val_examples]}, indent=2))
 
     if start == 0 and cfg.eval_every:
-        m = run_eval(cfg, policy, tokenizer, eval_examples)
-        append_jsonl(run_dir / "metrics.jsonl", [{"iteration": 0, **m}])
-        print(f"[it   0/{cfg.iterations}] eval acc {m['eval_accuracy']:.3f} ({m['eval_n']} problems, before training)")
+        m = run_eval(cfg, policy, tokenizer, eval_examples, dist)
+        if dist.is_main:
+            append_jsonl(run_dir / "metrics.jsonl", [{"iteration": 0, **m}])
+        say(f"[it   0/{cfg.iterations}] eval acc {m['eval_accuracy']:.3f} ({m['eval_n']} problems, before training)")
 
     with last_good_checkpoint_on_fault(run_dir):
         for it in range(start, cfg.iterations):
             timer = Timer()
             if cfg.algo == "sft":
-                metrics, episodes = sft_iteration(it, cfg, policy, tokenizer, optimizer, train_examples, timer)
+                metrics, episodes = sft_iteration(it, cfg, policy, tokenizer, optimizer, train_examples, timer, dist)
             else:
-                metrics, episodes = ppo_iteration(it, cfg, policy, tokenizer, optimizer, train_examples, val_seqs, timer)
+                metrics, episodes = ppo_iteration(it, cfg, policy, tokenizer, optimizer, train_examples, val_seqs,
+                                                  timer, dist)
             last = it + 1 == cfg.iterations
             stop = cfg.stop_below_kept > 0 and metrics.get("kept_fraction", 1.0) < cfg.stop_below_kept
             if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or last or stop):
                 with timer("eval"):
-                    metrics |= run_eval(cfg, policy, tokenizer, eval_examples)
-            metrics["seconds"] = dict(timer.seconds)
-            print(log_line(it, cfg, metrics, timer.seconds), flush=True)
-            commit_iteration(run_dir, it, cfg, metrics, episodes, policy, optimizer)
+                    metrics |= run_eval(cfg, policy, tokenizer, eval_examples, dist)
+            metrics["seconds"] = dict(timer.seconds)   # rank 0's
+            say(log_line(it, cfg, metrics, timer.seconds), flush=True)
+            if dist.is_main:
+                commit_iteration(run_dir, it, cfg, metrics, episodes, policy, optimizer)
             if stop:
-                print(f"[stop] kept fraction {metrics['kept_fraction']:.2f} < --stop-below-kept {cfg.stop_below_kept}")
+                say(f"[stop] kept fraction {metrics['kept_fraction']:.2f} < --stop-below-kept {cfg.stop_below_kept}")
                 break
-    print(f"[done] run directory: {run_dir}")
+    if dist.is_main and cfg.plots:
+        say(f"[report] {write_plots(run_dir)}, {write_report(run_dir)}", file=sys.stderr)
+    dist.barrier()
+    say(f"[done] run directory: {run_dir}")
     return run_dir
 
 

@@ -6,7 +6,10 @@
 Scoring part, per model and N (synthetic buffer: random prompt/response tokens, left-padded
 prompts of 32-64 tokens, responses of 32-64 tokens): seconds for the loop (one backward per
 episode), the one-pass method, and one plain batched forward+backward of the summed loss of
-the same buffer; the loop/one-pass ratio; max relative difference of the scores.
+the same buffer (each the median of --repeats calls); the loop/one-pass ratio; the max
+difference of the scores relative to the largest loop score, against the loop and against
+per-episode gradients taken from the same batched forward pass as one-pass (which separates
+the method's exactness from fp32 rounding of a batched forward pass).
 
 Memory part (270M only, unless --no-memory): peak resident memory of one PPO update step
 (forward + backward, 16 episodes of 256 response tokens) with the plain log_softmax path and
@@ -29,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from influence import episode_gradients, influence_scores, onepass_scores, validation_gradient  # noqa: E402
+from influence import _flat, episode_gradients, influence_scores, onepass_scores, validation_gradient  # noqa: E402
 from model import load_policy, lora_parameters  # noqa: E402
 from ppo import policy_loss, value_loss  # noqa: E402
 from rollout import Rollouts, _score_tokens, token_logprobs  # noqa: E402
@@ -54,13 +57,34 @@ def synthetic_buffer(policy, vocab: int, N: int, P: int, T: int, seed: int):
     return r, advantages
 
 
-def timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, out
+def timed(fn, repeats: int = 1):
+    """Median wall seconds of `repeats` calls (tiny-model steps take ~20 ms, where one call is
+    noise), and the last call's output."""
+    seconds = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        seconds.append(time.perf_counter() - t0)
+    return sorted(seconds)[len(seconds) // 2], out
 
 
-def bench_scores(name: str, source: str, sizes: list[int], micro: int) -> list[dict]:
+def same_forward_scores(policy, buf, adv, g_val, micro: int) -> torch.Tensor:
+    """The loop's per-episode gradients, but each taken from the same batched forward pass
+    that one-pass uses (one backward of L_i per episode, retain_graph). Comparing one-pass to
+    this isolates the method: both see identical fp32 activations, whereas the plain loop runs
+    each episode alone and its forward pass rounds differently from a batch's."""
+    params = lora_parameters(policy)
+    rows = []
+    for s in range(0, len(buf), micro):
+        part = buf.select(range(s, min(s + micro, len(buf))))
+        lp, _, _ = token_logprobs(policy, part, 1.0)
+        losses = policy_loss(lp, part.old_logprobs, adv[s:s + micro], part.response_mask, 0.2)   # (n,)
+        for i in range(len(part)):
+            rows.append(_flat(torch.autograd.grad(losses[i], params, retain_graph=True, allow_unused=True), params))
+    return influence_scores(torch.stack(rows), g_val)
+
+
+def bench_scores(name: str, source: str, sizes: list[int], micro: int, repeats: int) -> list[dict]:
     policy, tok = load_policy(source, quiet=True)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # non-zero B, as after some training (B = 0 makes half the terms vanish)
@@ -81,12 +105,17 @@ def bench_scores(name: str, source: str, sizes: list[int], micro: int) -> list[d
                 loss = policy_loss(lp, part.old_logprobs, adv[s:s + micro], part.response_mask, 0.2).sum()
                 torch.autograd.grad(loss, params)
 
-        t_loop, loop = timed(lambda: influence_scores(episode_gradients(policy, buf, adv, clip_eps=0.2, temperature=1.0), g_val))
-        t_one, one = timed(lambda: onepass_scores(policy, buf, adv, g_val, clip_eps=0.2, temperature=1.0, batch_size=micro))
-        t_fb, _ = timed(batched)
+        t_loop, loop = timed(lambda: influence_scores(episode_gradients(policy, buf, adv, clip_eps=0.2, temperature=1.0),
+                                                      g_val), repeats)
+        t_one, one = timed(lambda: onepass_scores(policy, buf, adv, g_val, clip_eps=0.2, temperature=1.0,
+                                                  batch_size=micro), repeats)
+        t_fb, _ = timed(batched, repeats)
+        same = same_forward_scores(policy, buf, adv, g_val, micro)
         rel = ((one - loop).abs().max() / loop.abs().max()).item()
-        row = {"model": name, "N": N, "loop_s": t_loop, "onepass_s": t_one, "fwd_bwd_s": t_fb,
-               "loop_over_onepass": t_loop / t_one, "onepass_over_fwd_bwd": t_one / t_fb, "max_rel_diff": rel}
+        rel_same = ((one - same).abs().max() / same.abs().max()).item()
+        row = {"model": name, "N": N, "repeats": repeats, "loop_s": t_loop, "onepass_s": t_one, "fwd_bwd_s": t_fb,
+               "loop_over_onepass": t_loop / t_one, "onepass_over_fwd_bwd": t_one / t_fb, "max_rel_diff": rel,
+               "max_rel_diff_same_forward": rel_same}
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -112,6 +141,8 @@ def main():
     parser.add_argument("--models", default="tiny,gemma-3-270m", help="comma-separated: tiny, gemma-3-270m")
     parser.add_argument("--sizes", default="8,16,32", help="episode counts N")
     parser.add_argument("--micro", type=int, default=8, help="episodes per forward/backward in one-pass and batched")
+    parser.add_argument("--repeats", type=int, default=0,
+                        help="timed calls per measurement, median reported (0: 7 for tiny, 1 for 270M)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -127,7 +158,8 @@ def main():
             source = str(make_tiny_model_dir(Path(tempfile.mkdtemp())))
         else:
             source = name
-        bench_scores(name, source, sizes, args.micro)
+        repeats = args.repeats or (7 if name == "tiny" else 1)
+        bench_scores(name, source, sizes, args.micro, repeats)
     if not args.no_memory and "gemma-3-270m" in args.models:
         for mode in ("plain", "lean"):
             subprocess.run([sys.executable, __file__, "--memory-child", f"{mode},16,256"], check=True)
