@@ -1,0 +1,431 @@
+"""MATH-style tasks (math500, college_math, olympiadbench) and ECQA: loading the shipped data,
+prompts, answer extraction, equivalence, the time limit on a check, and bad data."""
+
+import json
+import signal
+import sys
+import threading
+import time
+import types
+
+import pytest
+
+import reward
+from reward import MATH_VERIFY_TIMEOUT_S, extract_answer, is_correct, load_task, make_prompt, reward_fn
+
+SLACK_S = 1.5   # scheduling slack on a shared 2-core machine, on top of MATH_VERIFY_TIMEOUT_S
+BOUND_S = MATH_VERIFY_TIMEOUT_S + SLACK_S
+
+# (task, gold, prediction, equivalent?). Golds are shipped answers (MATH-500, OlympiadBench,
+# CollegeMath) or hand-made; predictions are spellings a model writes, right and wrong.
+EQUIVALENCE = [
+    ("math500", r"\left( 3, \frac{\pi}{2} \right)", r"(3, \pi/2)", True),
+    ("math500", r"\left( 3, \frac{\pi}{2} \right)", r"\left(3,\dfrac{\pi}{2}\right)", True),
+    ("math500", r"\left( 3, \frac{\pi}{2} \right)", r"\left( \frac{\pi}{2}, 3 \right)", False),  # order
+    ("math500", r"\left( 3, \frac{\pi}{2} \right)", r"(3, \pi)", False),
+    ("math500", r"\frac{14}{3}", r"\dfrac{14}{3}", True),
+    ("math500", r"\frac{14}{3}", r"14/3", True),
+    ("math500", r"\frac{14}{3}", r"4\frac{2}{3}", True),        # a mixed number
+    ("math500", r"\frac{14}{3}", r"4.67", False),               # rounded too coarsely
+    ("math500", r"90^\circ", r"90", True),
+    ("math500", r"90^\circ", r"90^{\circ}", True),
+    ("math500", r"90^\circ", r"90\text{ degrees}", True),
+    ("math500", r"90^\circ", r"\frac{\pi}{2}", False),
+    ("math500", r"3\sqrt{13}", r"\sqrt{117}", True),
+    ("math500", r"3\sqrt{13}", r"3\sqrt{14}", False),
+    ("math500", r"\text{Evelyn}", r"Evelyn", True),
+    ("math500", r"\text{Evelyn}", r"\text{Emily}", False),
+    ("math500", r"p - q", r"-q + p", True),
+    ("math500", r"p - q", r"q - p", False),
+    ("math500", r"6 - 5i", r"6-5i", True),
+    ("math500", r"6 - 5i", r"6+5i", False),
+    ("math500", r"1,-2", r"-2, 1", True),                       # a list of answers is a set
+    ("math500", r"1,-2", r"1", False),
+    ("math500", r"3, 5, 7", r"7,5,3", True),
+    ("math500", r"x=5", r"5", True),
+    ("math500", r"\frac{243}{625}", r"0.3888", True),
+    ("math500", r"\frac{3}{56}", r"\frac{3}{65}", False),
+    ("math500", r"\$32,\!348", r"32348", True),
+    ("math500", r"\$32,\!348", r"\$32,\!349", False),
+    ("math500", r"\text{(C)}", r"C", True),
+    ("math500", r"\text{(C)}", r"(D)", False),
+    ("math500", r"\frac{1}{2}", r"0.5", True),
+    ("math500", r"\frac{1}{2}", r"\dfrac12", True),
+    ("math500", r"\frac{1}{2}", r"50\%", True),
+    ("math500", r"\frac{1}{2}", r"\frac{1}{3}", False),
+    ("math500", r"10", r"10\text{ cm}", True),
+    ("math500", r"10", r"10 \mbox{ cm}^2", True),
+    ("math500", r"10", r"100", False),
+    ("math500", r"[1,2)", r"[1, 2)", True),
+    ("math500", r"[1,2)", r"(1,2]", False),
+    ("math500", r"(-\infty, 0) \cup (1, \infty)", r"(1,\infty)\cup(-\infty,0)", True),
+    ("math500", r"(-\infty, 0) \cup (1, \infty)", r"(-\infty, 0] \cup (1, \infty)", False),
+    ("olympiadbench", r"69,84", r"84, 69", True),
+    ("olympiadbench", r"69,84", r"69", False),
+    ("olympiadbench", r"(6,3),(9,3),(9,5),(54,5)", r"(9,5),(6,3),(54,5),(9,3)", True),
+    ("olympiadbench", r"(6,3),(9,3),(9,5),(54,5)", r"(3,6),(9,3),(9,5),(54,5)", False),  # a tuple reversed
+    ("olympiadbench", r"2^{1009}", r"2^{1009}", True),
+    ("olympiadbench", r"2^{1009}", r"2^{1008}", False),
+    ("olympiadbench", r"\frac{1}{2 n+2}", r"\frac{1}{2(n+1)}", True),
+    ("olympiadbench", r"\frac{1}{2 n+2}", r"\frac{1}{2n+1}", False),
+    ("olympiadbench", r"\frac{100!}{2^{50}}", r"\frac{100!}{2^{50}}", True),
+    ("olympiadbench", r"f(x)=\frac{1}{x}", r"f(x) = 1/x", True),
+    ("olympiadbench", r"3986729", r"3,986,729", True),
+    ("college_math", r"10-4 n", r"-4n+10", True),
+    ("college_math", r"(45,2),(-10,-9)", r"(-10,-9),(45,2)", True),
+    ("college_math", r"x^{2}-4 x-2=0", r"x^2 - 4x - 2 = 0", True),
+    ("college_math", r"all real numbers", r"\text{All real numbers}", True),
+    ("college_math", r"No solution", r"no solution", True),
+    ("college_math", r"No solution", r"\emptyset", False),
+    ("college_math", r"converges", r"diverges", False),
+    ("college_math", r"converges", r"sevregnoc", False),  # as letter symbols these would commute
+    ("college_math", r"-\frac{1}{4}", r"-0.25", True),
+    ("college_math", r"1726.16", r"1726.17", False),
+    ("college_math", r"3.6 hours", r"3.6", True),
+]
+
+
+@pytest.mark.parametrize("task,gold,pred,expected", EQUIVALENCE)
+def test_equivalence_table(task, gold, pred, expected):
+    assert is_correct(pred, gold, task) is expected
+
+
+def test_table_is_large_balanced_and_grounded():
+    assert len(EQUIVALENCE) >= 40
+    assert sum(e for *_, e in EQUIVALENCE) >= 15 and sum(not e for *_, e in EQUIVALENCE) >= 15
+    shipped = {(name, e.gold) for name in reward.MATH_TASKS for e in load_task(name, "test").examples}
+    grounded = {(task, gold) for task, gold, _, _ in EQUIVALENCE if (task, gold) in shipped}
+    assert len(grounded) >= 20  # most golds of the table are real answers from the shipped files
+
+
+# ------------------------------------------------------------------ the shipped data sets
+
+ROWS = {"math500": 500, "college_math": 2818, "olympiadbench": 675}
+
+
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_shipped_file_loads_every_row(name):
+    path = reward.DATA_DIR / name / "test.jsonl"
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    task = load_task(name, "test")
+    assert len(lines) == len(task.examples) == ROWS[name]
+    assert task.source == f"local file data/{name}/test.jsonl" + (" (offline)" if name == "math500" else "")
+    assert all(e.question and e.gold and e.solution for e in task.examples)
+    assert task.examples[-1].where == f"{path}:{len(lines)}"
+
+
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_reference_solutions_earn_the_reward(name):
+    for e in load_task(name, "test").examples:
+        assert extract_answer(e.solution, name) == e.gold, e.where
+        assert reward_fn(e.solution, e.gold, name) == 1.0, e.where
+
+
+def test_math500_gold_is_the_boxed_answer_and_the_answer_is_line():
+    """Two independent readings of each row agree: our last-\\boxed parser, and the
+    "The answer is: X" line the copy appends."""
+    path = reward.DATA_DIR / "math500" / "test.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    for row, e in zip(rows, load_task("math500", "test").examples):
+        assert e.gold == row["answer"].rsplit("The answer is:", 1)[1].strip()
+        assert "The answer is:" not in e.solution
+        assert extract_answer(row["answer"], "math500") == e.gold  # with the appended line, too
+
+
+# Golds math-verify's LaTeX parser cannot read (prose, or notation it lacks): such a row is
+# matched by the string comparison alone. CollegeMath is not listed: 187 of its 2818 golds are
+# prose or mixed notation ("-1<x \\leqslant 1:(-1,1]"), and parsing all of them takes minutes.
+UNPARSEABLE_LINES = {"math500": set(), "olympiadbench": {35, 74, 97}}
+
+
+@pytest.mark.parametrize("name", sorted(UNPARSEABLE_LINES))
+def test_every_gold_parses_with_math_verify(name):
+    from math_verify import LatexExtractionConfig, parse
+    from sympy import Basic, MatrixBase
+
+    unparsed = set()
+    for e in load_task(name, "test").examples:
+        parsed = parse(reward._math_verify_input(e.gold), [LatexExtractionConfig()], parsing_timeout=None)
+        if not (parsed and isinstance(parsed[0], (Basic, MatrixBase))):
+            unparsed.add(int(e.where.rsplit(":", 1)[1]))
+    assert unparsed == UNPARSEABLE_LINES[name]
+
+
+def test_college_math_and_olympiadbench_golds_lose_their_dollars():
+    college = load_task("college_math", "test").examples
+    assert college[0].gold == "10-4 n" and college[1].gold == "(45,2),(-10,-9)"
+    olympiad = load_task("olympiadbench", "test").examples
+    assert olympiad[13].gold == "69,84"                 # the row says ["$69$,$84$"]
+    assert all("$" not in e.gold for e in olympiad)
+    assert all(e.solution.endswith(f"\\boxed{{{e.gold}}}.") for e in olympiad)
+
+
+def test_olympiadbench_several_final_answers_become_one_set(tmp_path, monkeypatch):
+    row = {"question": "q", "solution": ["s"], "final_answer": ["$1$", "$\\frac{1}{2}$"]}
+    example = reward._parse_olympiadbench_row(row, "x:1")
+    assert example.gold == "1,\\frac{1}{2}"
+    assert is_correct("0.5, 1", example.gold, "olympiadbench")
+    assert not is_correct("1", example.gold, "olympiadbench")
+
+
+# ------------------------------------------------------------------ extraction
+
+MATH_EXTRACTION = [
+    (r"so the answer is $\boxed{\frac{1}{2}}$.", r"\frac{1}{2}"),
+    (r"\boxed{\left( 3, \frac{\pi}{2} \right)}", r"\left( 3, \frac{\pi}{2} \right)"),
+    (r"first \boxed{1}, then \boxed{2}", "2"),                          # the last one
+    (r"\boxed{\boxed{5}}", "5"),
+    (r"\boxed{3} and a cut-off \boxed{4", "3"),                         # unclosed: the one before
+    (r"\boxed {x^{2}}", "x^{2}"),
+    (r"\fbox{7}", "7"),
+    (r"\boxed{\{1,2\}}", r"\{1,2\}"),                                   # escaped braces
+    ("The answer is: 12.", "12"),
+    (r"The answer is $\frac{3}{4}$.", r"\frac{3}{4}"),
+    (r"we get $x = 3$ and stop", None),                                 # no last-$...$ fallback
+    (r"\boxed{}", None),
+    ("", None),
+]
+
+
+@pytest.mark.parametrize("text,expected", MATH_EXTRACTION)
+def test_extract_math_answer(text, expected):
+    assert extract_answer(text, "math500") == expected
+
+
+ECQA_GOLD = "B) ignorance"
+ECQA_CASES = [
+    # (completion, extracted, correct for gold "B) ignorance")
+    ("People fear what they do not know.\nAnswer: B", "B", True),
+    ("Answer: (B)", "B", True),
+    ("**Answer:** B.", "B", True),
+    ("The answer is B) ignorance.", "B", True),
+    ("B\nBecause they do not know.", "B", True),                      # a letter alone, first line
+    ("Answer: ignorance", "ignorance", True),                          # the option's text
+    ("Answer: Ignorance.", "ignorance", True),
+    (r"\boxed{B}", "B", True),
+    ("Answer: C", "C", False),
+    ("Answer: knowledge", "knowledge", False),
+    ("I am not sure.", None, False),
+]
+
+
+@pytest.mark.parametrize("text,extracted,correct", ECQA_CASES)
+def test_ecqa_letter_or_text(text, extracted, correct):
+    assert extract_answer(text, "ecqa") == extracted
+    assert is_correct(extract_answer(text, "ecqa"), ECQA_GOLD, "ecqa") is correct
+    assert reward_fn(text, ECQA_GOLD, "ecqa") == float(correct)
+
+
+def test_prompts():
+    gsm8k = make_prompt("What is 2+2?", "gsm8k")
+    assert gsm8k == ("Solve the math problem. Reason step by step, then give the final answer "
+                     "on its own line as '#### <number>'.\n\nQuestion: What is 2+2?\nAnswer:")  # unchanged
+    for name in reward.MATH_TASKS:
+        assert "\\boxed{}" in make_prompt("Find x.", name) and "Find x." in make_prompt("Find x.", name)
+    assert "'Answer: <letter>'" in make_prompt("Q\nA) a\nB) b", "ecqa")
+    with pytest.raises(SystemExit, match="unknown task"):
+        make_prompt("q", "nope")
+    with pytest.raises(SystemExit, match="unknown task"):
+        extract_answer("q", "nope")
+    with pytest.raises(SystemExit, match="unknown task"):
+        is_correct("1", "1", "nope")
+
+
+# ------------------------------------------------------------------ time limits and caps
+
+EXPLOSIVE = [
+    "10^{10^{10^{10}}}",
+    "9^9^9^9",
+    "2^{2^{40}}",
+    "(10^{10})!",
+    r"\binom{10^{10}}{5000000000}",
+    r"\prod_{k=1}^{10^{7}} k",
+    "{" * 10_000 + "1" + "}" * 10_000,          # 10,000 deep
+    "(" * 10_000 + "1" + ")" * 10_000,
+    "(" * 60 + "1" + ")" * 60,                  # short, but deep enough to crawl in the parser
+    "1" * 1_000_000,                            # a 1 MB number
+    r"\frac{" * 200_000,                        # a 1 MB unclosed fraction
+    "(x+1)^{9999}",                             # short, but sympy expands it for minutes
+    r"(1+\sqrt{2})^{9999}",
+]
+
+
+@pytest.mark.parametrize("pred", EXPLOSIVE, ids=lambda s: s[:24])
+def test_explosive_answers_are_wrong_within_the_time_limit(pred):
+    t0 = time.perf_counter()
+    assert is_correct(pred, "3", "math500") is False
+    t1 = time.perf_counter()
+    assert reward_fn(f"\\boxed{{{pred}}}", "3", "olympiadbench") == 0.0
+    t2 = time.perf_counter()
+    assert t1 - t0 <= BOUND_S and t2 - t1 <= BOUND_S
+
+
+def _watchdogs_left(wait_s: float = 1.0) -> list:
+    deadline = time.perf_counter() + wait_s
+    while time.perf_counter() < deadline:
+        alive = [t for t in threading.enumerate() if t.name == "reward-check-watchdog"]
+        if not alive:
+            return []
+        time.sleep(0.02)
+    return alive
+
+
+@pytest.mark.parametrize("pred", ["10^{10^{10}}", "(10^{10})!", r"\prod_{k=1}^{10^{7}} k"])
+def test_the_time_limit_alone_stops_a_runaway_check(pred, monkeypatch):
+    """With the syntactic guard switched off, sympy starts on the huge integer; the watchdog
+    must stop it at the limit, then go away, and leave the signal handlers as they were."""
+    monkeypatch.setattr(reward, "_too_costly", lambda answer: False)
+    handler = signal.getsignal(signal.SIGALRM)
+    t0 = time.perf_counter()
+    assert is_correct(pred, "3", "math500") is False
+    elapsed = time.perf_counter() - t0
+    assert MATH_VERIFY_TIMEOUT_S * 0.9 <= elapsed <= BOUND_S  # it ran into the limit, then stopped
+    assert _watchdogs_left() == []
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0) and signal.getsignal(signal.SIGALRM) is handler
+    assert is_correct("0.5", r"\frac{1}{2}", "math500")        # and the next check is unharmed
+
+
+def test_checks_work_in_a_worker_thread():
+    """math-verify's own (signal) timers raise ValueError outside the main thread; ours work in
+    any thread: the same answers, and the same time bound."""
+    results = {}
+
+    def work():
+        results["half"] = is_correct("0.5", r"\frac{1}{2}", "math500")
+        results["tuple"] = is_correct(r"(3, \pi/2)", r"\left( 3, \frac{\pi}{2} \right)", "math500")
+        results["explosive"] = []
+        for pred in EXPLOSIVE:
+            t0 = time.perf_counter()
+            results["explosive"].append((is_correct(pred, "3", "math500"), time.perf_counter() - t0))
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    thread.join(timeout=len(EXPLOSIVE) * BOUND_S)
+    assert not thread.is_alive()
+    assert results["half"] and results["tuple"] and _watchdogs_left() == []
+    assert all(correct is False and seconds <= BOUND_S for correct, seconds in results["explosive"])
+
+
+def test_a_running_outer_timer_is_left_alone():
+    fired = []
+    old = signal.signal(signal.SIGALRM, lambda *_: fired.append(True))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 60.0)
+        assert is_correct("0.5", r"\frac{1}{2}", "math500")
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 50.0 < remaining <= 60.0 and not fired
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# ------------------------------------------------------------------ splits, hub and bad data
+
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_no_train_split_says_so(name):
+    with pytest.raises(SystemExit, match=f"--dataset {name}: no 'train' split is available offline"):
+        load_task(name, "train")
+
+
+def test_ecqa_has_no_offline_copy(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for split, source in [("train", "auto"), ("test", "auto"), ("train", "local")]:
+        with pytest.raises(SystemExit, match="--dataset ecqa: no offline copy exists; it loads from the hub"):
+            load_task("ecqa", split, source)
+
+
+def _fake_hub(monkeypatch, rows=None, error=None):
+    """datasets.load_dataset replaced: returns `rows`, or raises `error`."""
+    calls = []
+
+    def load_dataset(repo, config, split):
+        calls.append((repo, config, split))
+        if error is not None:
+            raise error
+        return rows
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    return calls
+
+
+ECQA_ROW = {"q_text": "Why do people fear the unknown?", "q_op1": "knowledge", "q_op2": "ignorance",
+            "q_op3": "light", "q_op4": "joy", "q_op5": "food", "q_ans": "ignorance",
+            "taskB": "Not knowing something makes people afraid of it."}
+
+
+def test_ecqa_from_the_hub(monkeypatch):
+    calls = _fake_hub(monkeypatch, rows=[ECQA_ROW])
+    task = load_task("ecqa", "train")
+    assert calls == [("tasksource/ecqa", None, "train")]
+    assert task.source == "hub tasksource/ecqa (default/train)"
+    (e,) = task.examples
+    assert e.gold == "B) ignorance" and e.question.endswith("\nA) knowledge\nB) ignorance\nC) light\nD) joy\nE) food")
+    assert e.solution.endswith("\nAnswer: B") and reward_fn(e.solution, e.gold, "ecqa") == 1.0
+
+
+def test_ecqa_bad_row_names_its_place(monkeypatch):
+    _fake_hub(monkeypatch, rows=[ECQA_ROW, {**ECQA_ROW, "q_ans": "fear"}])
+    with pytest.raises(SystemExit, match=r"hub:tasksource/ecqa/test\[1\]: the answer 'fear' is none of the five"):
+        load_task("ecqa", "test")
+    _fake_hub(monkeypatch, rows=[{k: v for k, v in ECQA_ROW.items() if k != "q_op3"}])
+    with pytest.raises(SystemExit, match=r"test\[0\]: missing, empty or non-string field 'q_op3'"):
+        load_task("ecqa", "test")
+
+
+def test_ecqa_unreachable_hub(monkeypatch):
+    _fake_hub(monkeypatch, error=ConnectionError("no route to host"))
+    with pytest.raises(SystemExit, match=r"no offline copy exists.*could not be reached \(no route to host\)"):
+        load_task("ecqa", "train")
+
+
+def test_math500_from_the_hub_and_its_fallback(monkeypatch):
+    row = {"problem": "What is 1/2 + 1/2?", "solution": r"It is $\boxed{1}$.", "answer": "1"}
+    _fake_hub(monkeypatch, rows=[row])
+    task = load_task("math500", "test")
+    assert task.source == "hub HuggingFaceH4/MATH-500 (default/test)" and task.examples[0].gold == "1"
+    _fake_hub(monkeypatch, error=OSError("offline"))
+    task = load_task("math500", "test")
+    assert len(task.examples) == 500 and task.source == "local file data/math500/test.jsonl (hub not used: offline)"
+
+
+BAD_ROWS = [
+    # (task, file content, message after "<path>")
+    ("math500", b'{"question": "q", "answer": "\\\\boxed{1}"}\n{not json\n', ":2: not valid JSON"),
+    ("math500", b'{"question": "q"}\n', ":1: missing, empty or non-string field 'answer'"),
+    ("math500", b'{"question": "q", "answer": "no box. The answer is: 1"}\n', ":1: the solution has no \\boxed{...}"),
+    ("math500", b'[1, 2]\n', ":1: expected a JSON object"),
+    ("math500", b'', ": no examples (the file is empty)"),
+    ("math500", b'{"question": "q\xff", "answer": "\\\\boxed{1}"}\n', ":1: not valid UTF-8"),
+    ("college_math", b'{"question": "q", "answer": "$1$"}\n\n{"question": "q", "answer": 2}\n',
+     ":3: missing, empty or non-string field 'answer'"),
+    ("college_math", b'{"question": "q", "answer": "$ $"}\n', ":1: the answer is empty"),
+    ("olympiadbench", b'{"question": "q", "solution": ["s"], "final_answer": "$1$"}\n',
+     ":1: field 'final_answer' must be a non-empty list"),
+    ("olympiadbench", b'{"question": "q", "solution": [], "final_answer": ["1"]}\n',
+     ":1: field 'solution' must be a non-empty list"),
+    ("olympiadbench", b'{"question": "q", "solution": ["s"], "final_answer": ["$$"]}\n',
+     ":1: an entry of 'final_answer' holds nothing but $ signs"),
+    ("gsm8k", b'{"question": "q", "answer": "no marker"}\n', ":1: the answer has no '#### N'"),
+]
+
+
+@pytest.mark.parametrize("task,content,message", BAD_ROWS)
+def test_bad_rows_name_file_and_line(tmp_path, monkeypatch, task, content, message):
+    (tmp_path / task).mkdir()
+    path = tmp_path / task / ("test.jsonl" if task != "gsm8k" else "train.jsonl")
+    path.write_bytes(content)
+    monkeypatch.setattr(reward, "DATA_DIR", tmp_path)
+    with pytest.raises(SystemExit) as err:
+        load_task(task, "test" if task != "gsm8k" else "train", source="local")
+    assert str(path) + message in str(err.value)
+
+
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_missing_file_and_unknown_name(tmp_path, monkeypatch, name):
+    monkeypatch.setattr(reward, "DATA_DIR", tmp_path)
+    with pytest.raises(SystemExit, match=f"{tmp_path / name / 'test.jsonl'}: data file not found"):
+        load_task(name, "test", source="local")
+    with pytest.raises(SystemExit, match="--dataset 'math5000': unknown task; known tasks: gsm8k, math500"):
+        load_task("math5000", "test")
