@@ -24,7 +24,6 @@ CLI:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shlex
 import statistics
@@ -48,15 +47,7 @@ OWNED = ("--algo", "--influence", "--random-filter", "--no-random-filter", "--in
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    fields = {f.name: f for f in dataclasses.fields(train.Config)}
-    for name in ("iterations", *PASSTHROUGH):
-        f, flag = fields[name], "--" + name.replace("_", "-")
-        if f.type in (bool, "bool"):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
-        else:
-            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-            parser.add_argument(flag, type=kind, default=f.default, choices=f.metadata.get("choices"),
-                                help=f.metadata["help"])
+    train.add_config_flags(parser, ("iterations", *PASSTHROUGH))
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds; every method runs once per seed")
     parser.add_argument("--sft-iterations", type=int, default=None, help="SFT batches (None: --iterations)")
     parser.add_argument("--metrics", default="em", help="final evaluation metrics (see evaluate.py)")

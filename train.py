@@ -173,10 +173,11 @@ def check_against_data(cfg: Config, n_train_rows: int) -> None:
                          "(the validation set is taken from it and some must remain to train on)")
 
 
-def parse_config(argv=None) -> Config:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
+    """One command-line flag per Config field (or per field in `names`), with its default and help."""
     for f in dataclasses.fields(Config):
+        if names is not None and f.name not in names:
+            continue
         name = "--" + f.name.replace("_", "-")
         if f.type in (bool, "bool"):
             parser.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
@@ -184,6 +185,12 @@ def parse_config(argv=None) -> Config:
             kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
             parser.add_argument(name, type=kind, default=f.default, choices=f.metadata.get("choices"),
                                 help=f.metadata["help"])
+
+
+def parse_config(argv=None) -> Config:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_config_flags(parser)
     args = parser.parse_args(argv)
     cfg = Config(**vars(args))
     if cfg.resume:
