@@ -36,7 +36,8 @@ from reward import load_task
 
 METHODS = {"SFT": None, "PPO": ["--influence", "off"], "I-PPO": [], "random filter": ["--random-filter"]}
 # train.py flags set through compare.py's own flags (same names, defaults and help as train.py).
-PASSTHROUGH = ("model", "dataset", "data_source", "prompts_per_iter", "samples_per_prompt",
+PASSTHROUGH = ("model", "dataset", "data_source", "arith_digits", "arith_terms", "prompts_per_iter",
+               "samples_per_prompt",
                "max_new_tokens", "eval_every", "eval_limit", "eval_max_new_tokens", "gen_batch_size", "device",
                "progress")
 # Flags compare.py sets per run; --train-args may not override them.
@@ -170,7 +171,8 @@ def main(argv=None) -> Path:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     shared = train_argv(args)
 
-    test_examples = load_task(args.dataset, "test", args.data_source).examples   # first: a data error fails fast
+    test_examples = load_task(args.dataset, "test", args.data_source, arith_digits=args.arith_digits,
+                              arith_terms=args.arith_terms).examples   # first: a data error fails fast
     test_examples = test_examples[:args.final_limit] if args.final_limit else test_examples
     results = []
     for seed in args.seed_list:

@@ -282,6 +282,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--dataset", default="gsm8k", choices=reward.TASKS, help="task name")
     parser.add_argument("--split", default="test", help="data split")
     parser.add_argument("--data-source", default="auto", choices=["auto", "hub", "local"], help="where to load data from")
+    parser.add_argument("--arith-digits", type=int, default=reward.ARITH_DIGITS, help="--dataset arith: digits per number")
+    parser.add_argument("--arith-terms", type=int, default=reward.ARITH_TERMS, help="--dataset arith: numbers per problem")
     parser.add_argument("--metrics", default="em", help="comma-separated: em (greedy), maj@K, pass@K (sampled)")
     parser.add_argument("--limit", type=int, default=50, help="evaluate the first K problems (0 = all)")
     parser.add_argument("--samples", type=int, default=None,
@@ -314,7 +316,8 @@ def main(argv=None) -> dict:
     if args.temperature <= 0:
         parser.error(f"--temperature must be > 0 (em is the greedy metric), got {args.temperature}")
 
-    task = reward.load_task(args.dataset, args.split, args.data_source)   # first: a data error fails fast
+    task = reward.load_task(args.dataset, args.split, args.data_source, arith_digits=args.arith_digits,
+                            arith_terms=args.arith_terms)   # first: a data error fails fast
     policy, tokenizer, model, checkpoint = load_for_eval(args.model, args.adapter, args.device)
     examples = task.examples[:args.limit] if args.limit else task.examples
     print(f"[eval] {len(examples)} problems from {task.source}", file=sys.stderr)

@@ -19,15 +19,22 @@ Tasks (`--dataset NAME`; data/README.md gives rows, sources and licences):
     ecqa           ECQA (CommonsenseQA with explanations), five options A-E; answer
                    "Answer: <letter>"; train + test on the hub only (tasksource/ecqa),
                    no offline copy.
+    arith          generated addition and subtraction word problems (seeded, in memory, no
+                   file); answer "#### <number>"; train + test, never overlapping; difficulty
+                   set by digits per number and numbers per problem (--arith-digits,
+                   --arith-terms). Short prompts and answers: for watching a small model
+                   learn on a laptop CPU.
 
 Public functions:
-    load_task(name, split, source="auto") -> Task (examples + where they came from)
+    load_task(name, split, source="auto", *, arith_digits=2, arith_terms=2)
+                                          -> Task (examples + where they came from)
+    generate_arith(split, seed, digits, terms, n) -> list[Example] (the arith generator)
     make_prompt(question, task)           -> the instruction text given to the model
     extract_answer(text, task)            -> answer string, or None
     is_correct(pred, gold, task)          -> bool
     reward_fn(completion, gold, task, truncated=False, truncation_penalty=0.0) -> float
 
-Correctness per task: gsm8k compares normalised numbers; the MATH-style tasks compare LaTeX
+Correctness per task: gsm8k and arith compare normalised numbers; the MATH-style tasks compare LaTeX
 answers for mathematical equivalence with math-verify (within MATH_VERIFY_TIMEOUT_S); ecqa
 accepts the option letter or the option's text.
 """
@@ -35,9 +42,11 @@ accepts the option letter or the option's text.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import logging
 import os
+import random
 import re
 import signal
 import threading
@@ -47,7 +56,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
-TASKS = ("gsm8k", "math500", "college_math", "olympiadbench", "ecqa")
+TASKS = ("gsm8k", "math500", "college_math", "olympiadbench", "ecqa", "arith")
 MATH_TASKS = ("math500", "college_math", "olympiadbench")    # answers in \boxed{}, checked by math-verify
 HUB_IDS = {"gsm8k": ("openai/gsm8k", "main"),                # (repo, config) for datasets.load_dataset
            "math500": ("HuggingFaceH4/MATH-500", None),
@@ -56,6 +65,8 @@ HUB_SPLITS = {"gsm8k": ("train", "test"), "math500": ("test",), "ecqa": ("train"
 LOCAL_SPLITS = {"gsm8k": ("train", "test"), "math500": ("test",), "college_math": ("test",),
                 "olympiadbench": ("test",), "ecqa": ()}
 ECQA_LETTERS = "ABCDE"
+ARITH_DIGITS = 2   # arith defaults (--arith-digits, --arith-terms): one 2-digit step, "23 + 45"
+ARITH_TERMS = 2
 
 
 @dataclass
@@ -87,13 +98,19 @@ def _check_task(name: str) -> None:
 # Loading
 # ---------------------------------------------------------------------------------------------
 
-def load_task(name: str, split: str, source: str = "auto") -> Task:
+def load_task(name: str, split: str, source: str = "auto", *, arith_digits: int = ARITH_DIGITS,
+              arith_terms: int = ARITH_TERMS) -> Task:
     """Load a task split. source: "hub", "local" (the files shipped in data/), or "auto" (the
     hub if the task is there, unless HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set or it cannot
-    be reached; else the shipped file). Task.source says which was used, and why."""
+    be reached; else the shipped file). Task.source says which was used, and why.
+    arith is generated (source "auto" or "local"); arith_digits and arith_terms set its
+    difficulty and are checked whatever the task, so a bad flag is never silently kept."""
     _check_task(name)
     if split not in ("train", "test"):
         raise SystemExit(f"task {name}: unknown split {split!r} (train or test)")
+    _check_arith_knobs(arith_digits, arith_terms)
+    if name == "arith":
+        return _load_arith(split, source, arith_digits, arith_terms)
     if split not in LOCAL_SPLITS[name] and split not in HUB_SPLITS.get(name, ()):
         raise SystemExit(f"--dataset {name}: no {split!r} split is available offline or on the hub; "
                          f"{name} is a test-only benchmark (data/{name}/test.jsonl). Train on gsm8k and "
@@ -262,6 +279,145 @@ _HUB_PARSERS = {"gsm8k": _parse_gsm8k_row, "math500": _parse_math500_hub_row, "e
 
 
 # ---------------------------------------------------------------------------------------------
+# arith: generated addition and subtraction word problems
+# ---------------------------------------------------------------------------------------------
+#
+# A problem is a start number and terms-1 steps, each adding or taking away a number; every
+# number has exactly `digits` digits and the running total never goes below 0 (nobody gives
+# away more apples than they have). Its key is the arithmetic alone, "23+45-12": the story it
+# is told in (template, name, item) does not count, so two rows with the same key are the same
+# problem in other words.
+#
+# Splits never overlap, by construction: a key belongs to the test split when a hash of it
+# (sha256, the same in every process and for every seed) falls in bucket 0 of ARITH_TEST_BUCKETS,
+# to the train split otherwise; each split is drawn from its own seeded stream and keeps only
+# keys of its own, each once. So the train rows are pairwise distinct, the validation rows
+# train.py takes from the end of the train split are none of the rows it trains on, and no test
+# problem is in any train split, whatever the seeds.
+
+ARITH_SEED = 0                                    # the data, like a shipped file, is the same for every --seed
+ARITH_SIZES = {"train": 5000, "test": 500}        # rows per split (fewer if the difficulty has fewer problems)
+ARITH_TEST_BUCKETS = 10                           # one key in ten belongs to the test split
+ARITH_MAX_DIGITS = 12
+ARITH_MAX_TERMS = 8
+
+# Stories: (opening, items, additions, subtractions, question). The opening holds the start
+# number; each step is "verb phrase {n}", so the word before a number says whether it adds or
+# takes away.
+_ARITH_STORIES = (
+    ("{name} has {n} {item} and", ("apples", "marbles", "stickers", "stamps", "shells", "pencils", "cards"),
+     ("buys {n} more", "finds {n} more", "is given {n} more"), ("gives away {n}", "loses {n}", "sells {n}"),
+     "How many {item} does {name} have now?"),
+    ("A jar holds {n} {item}. {name}", ("marbles", "cookies", "buttons", "coins", "candies"),
+     ("puts in {n} more", "adds {n} more"), ("takes out {n}", "removes {n}"),
+     "How many {item} are in the jar now?"),
+    ("A bus leaves the station with {n} {item}. On its way it", ("passengers",),
+     ("picks up {n} more",), ("drops off {n}",), "How many {item} are on the bus now?"),
+    ("{name} has {n} {item} and", ("dollars",), ("earns {n} more", "is paid {n} more"), ("spends {n}", "loses {n}"),
+     "How many {item} does {name} have now?"),
+    ("A library shelf holds {n} {item}. The librarian", ("books",), ("puts back {n} more", "adds {n} more"),
+     ("lends out {n}", "removes {n}"), "How many {item} are on the shelf now?"),
+)
+_ARITH_NAMES = ("Tom", "Ana", "Ravi", "Mia", "Lena", "Omar", "Kenji", "Sara", "Paul", "Zoe")
+
+
+def _check_arith_knobs(digits: int, terms: int) -> None:
+    """Refuse a difficulty outside what the generator makes, naming the flag."""
+    if isinstance(digits, bool) or not isinstance(digits, int) or not 1 <= digits <= ARITH_MAX_DIGITS:
+        raise SystemExit(f"--arith-digits {digits!r}: digits per number must be an integer from 1 to {ARITH_MAX_DIGITS}")
+    if isinstance(terms, bool) or not isinstance(terms, int) or not 2 <= terms <= ARITH_MAX_TERMS:
+        raise SystemExit(f"--arith-terms {terms!r}: numbers per problem must be an integer from 2 to "
+                         f"{ARITH_MAX_TERMS} (2: one addition or subtraction)")
+
+
+def _stable_int(text: str) -> int:
+    """An integer from `text` that is the same in every process (Python's hash() is salted)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def _arith_key(numbers: list[int], signs: list[str]) -> str:
+    """'23+45-12': the problem without its story."""
+    return str(numbers[0]) + "".join(f"{sign}{n}" for sign, n in zip(signs, numbers[1:]))
+
+
+def _arith_split(key: str) -> str:
+    """The split a problem belongs to, from its key alone."""
+    return "test" if _stable_int("arith-split:" + key) % ARITH_TEST_BUCKETS == 0 else "train"
+
+
+def _draw_arith(rng: random.Random, digits: int, terms: int) -> tuple[list[int], list[str]]:
+    """A start number and terms-1 signed steps, each number with exactly `digits` digits. A step
+    is a subtraction with probability 1/2 when the total allows one, else an addition."""
+    lo, hi = (1 if digits == 1 else 10 ** (digits - 1)), 10 ** digits - 1
+    numbers, signs = [rng.randint(lo, hi)], []
+    total = numbers[0]
+    for _ in range(terms - 1):
+        if rng.random() < 0.5 and total >= lo:
+            n = rng.randint(lo, min(hi, total))
+            signs.append("-")
+            total -= n
+        else:
+            n = rng.randint(lo, hi)
+            signs.append("+")
+            total += n
+        numbers.append(n)
+    return numbers, signs
+
+
+def _arith_example(rng: random.Random, numbers: list[int], signs: list[str], where: str) -> Example:
+    """The problem told as a story, and its step-by-step solution ending in '#### N'."""
+    opening, items, additions, subtractions, question = rng.choice(_ARITH_STORIES)
+    name, item = rng.choice(_ARITH_NAMES), rng.choice(items)
+    steps = [rng.choice(additions if sign == "+" else subtractions).format(n=n)
+             for sign, n in zip(signs, numbers[1:])]
+    text = (f"{opening.format(name=name, n=numbers[0], item=item)} {', then '.join(steps)}. "
+            f"{question.format(name=name, item=item)}")
+    lines, total = [], numbers[0]
+    for sign, n in zip(signs, numbers[1:]):
+        after = total + n if sign == "+" else total - n
+        lines.append(f"{total} {sign} {n} = {after}.")
+        total = after
+    return Example(text, "\n".join(lines) + f"\n#### {total}", str(total), where)
+
+
+def generate_arith(split: str, seed: int = ARITH_SEED, digits: int = ARITH_DIGITS, terms: int = ARITH_TERMS,
+                   n: int | None = None) -> list[Example]:
+    """Up to n (default ARITH_SIZES[split]) distinct problems of `split`, the same for the same
+    arguments. Draws stop after 20 n + 10000 tries: a small difficulty (1 digit, 2 terms: 126
+    problems in all) gives fewer rows."""
+    if split not in ARITH_SIZES:
+        raise SystemExit(f"task arith: unknown split {split!r} (train or test)")
+    _check_arith_knobs(digits, terms)
+    n = ARITH_SIZES[split] if n is None else n
+    label = f"arith(seed={seed},digits={digits},terms={terms})"
+    rng = random.Random(_stable_int(f"{label}/{split}"))   # one stream per split
+    examples, seen = [], set()
+    for _ in range(20 * n + 10000):
+        if len(examples) == n:
+            break
+        numbers, signs = _draw_arith(rng, digits, terms)
+        key = _arith_key(numbers, signs)
+        if key in seen or _arith_split(key) != split:
+            continue
+        seen.add(key)
+        examples.append(_arith_example(rng, numbers, signs, f"generated:{label}/{split}[{len(examples)}]"))
+    return examples
+
+
+def _load_arith(split: str, source: str, digits: int, terms: int) -> Task:
+    if source == "hub":
+        raise SystemExit("--data-source hub: task arith is generated, not loaded; use --data-source auto or local")
+    examples = generate_arith(split, ARITH_SEED, digits, terms)
+    if not examples:
+        raise SystemExit(f"--dataset arith: no {split} problems at --arith-digits {digits} --arith-terms {terms}; "
+                         "raise either for more")
+    wanted = ARITH_SIZES[split]
+    short = "" if len(examples) == wanted else f" (only {len(examples)} of {wanted}: few problems at this difficulty)"
+    return Task("arith", split, examples,
+                f"generated: arith(seed={ARITH_SEED}, digits={digits}, terms={terms}), {len(examples)} rows{short}")
+
+
+# ---------------------------------------------------------------------------------------------
 # Prompts
 # ---------------------------------------------------------------------------------------------
 
@@ -275,6 +431,10 @@ def make_prompt(question: str, task: str = "gsm8k") -> str:
     if task == "ecqa":
         return ("Answer the multiple-choice question. Reason briefly, then give the letter of the "
                 "correct option on its own line as 'Answer: <letter>'.\n\n"
+                f"Question: {question}\nAnswer:")
+    if task == "arith":   # short: a CPU run spends its time on prompt + response tokens
+        return ("Solve the problem one calculation per line, then give the final answer "
+                "on its own line as '#### <number>'.\n\n"
                 f"Question: {question}\nAnswer:")
     return ("Solve the math problem. Reason step by step, then give the final answer "
             "on its own line as '#### <number>'.\n\n"
@@ -421,7 +581,7 @@ def _extract_choice(text: str) -> str | None:
 
 def extract_answer(text: str, task: str = "gsm8k") -> str | None:
     """The final answer of a completion, or None if there is none.
-    gsm8k: the number after the last '####', else the last number anywhere; normalised.
+    gsm8k, arith: the number after the last '####', else the last number anywhere; normalised.
     MATH-style: the last \\boxed{...}, else the text after the last "answer is".
     ecqa: the option letter (or the option text) after the last "Answer:"."""
     _check_task(task)
@@ -661,7 +821,7 @@ def _choice_equal(pred: str, gold: str) -> bool:
 
 
 def is_correct(pred: str | None, gold: str, task: str = "gsm8k") -> bool:
-    """gsm8k: exact match of normalised numbers ('1000' == '1000.00' after normalisation).
+    """gsm8k, arith: exact match of normalised numbers ('1000' == '1000.00' after normalisation).
     MATH-style: equivalent LaTeX (\\frac{1}{2} == 0.5 == \\dfrac12, 90^\\circ == 90,
     (3, \\pi/2) == \\left( 3, \\frac{\\pi}{2} \\right); lists compare as sets); answers longer than
     MAX_ANSWER_CHARS or slower than MATH_VERIFY_TIMEOUT_S to check count as wrong.

@@ -45,7 +45,7 @@ from influence import (binary_filter, episode_gradients, filter_and_reweight, in
 from model import OFFLINE_DEFAULT, ModelInfo, inspect_model, load_adapter, load_policy, save_adapter
 from ppo import clip_fraction, gae, kl_penalized_rewards, masked_mean, policy_loss, value_loss, whiten
 from report import write_plots, write_report
-from reward import TASKS, load_task, make_prompt, reward_fn
+from reward import ARITH_DIGITS, ARITH_TERMS, TASKS, load_task, make_prompt, reward_fn
 from rollout import encode_pairs, generate_rollouts, token_logprobs
 
 
@@ -59,6 +59,8 @@ class Config:
     model: str = flag(OFFLINE_DEFAULT, "hub id (google/gemma-3-1b-it), local directory, or the offline default")
     dataset: str = flag("gsm8k", "task to train and evaluate on", choices=TASKS)
     data_source: str = flag("auto", "auto: the hub unless HF_HUB_OFFLINE=1 or unreachable, else data/", choices=("auto", "hub", "local"))
+    arith_digits: int = flag(ARITH_DIGITS, "--dataset arith: digits of every number in a problem")
+    arith_terms: int = flag(ARITH_TERMS, "--dataset arith: numbers per problem (terms - 1 additions or subtractions)")
     algo: str = flag("ppo", "ppo (with or without influence) or sft (LoRA on reference solutions)", choices=("ppo", "sft"))
     influence: str = flag("on", "on: I-PPO; off: plain PPO", choices=("on", "off"))
     reweight: bool = flag(True, "weight kept episodes by s_i / mean kept s (--no-reweight: binary filter)")
@@ -806,8 +808,9 @@ def main(argv=None) -> Path:
     check_against_world(cfg, dist.world)
     torch.manual_seed(cfg.seed)
     check_against_model(cfg, inspect_model(cfg.model, cfg.trust_remote_code))
-    train_task = load_task(cfg.dataset, "train", cfg.data_source)
-    test_task = load_task(cfg.dataset, "test", cfg.data_source)
+    difficulty = {"arith_digits": cfg.arith_digits, "arith_terms": cfg.arith_terms}
+    train_task = load_task(cfg.dataset, "train", cfg.data_source, **difficulty)
+    test_task = load_task(cfg.dataset, "test", cfg.data_source, **difficulty)
     check_against_data(cfg, len(train_task.examples))
     init_adapter = resolve_checkpoint(cfg.init_adapter, "--init-adapter") if cfg.init_adapter else None
     run_dir = Path(dist.broadcast(str(open_run_dir(cfg)) if dist.is_main else None))

@@ -22,7 +22,7 @@ FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
                                        HealthCheck.large_base_example])
 
 GOLDS = {"gsm8k": "72", "math500": r"\left( 3, \frac{\pi}{2} \right)", "college_math": "(45,2),(-10,-9)",
-         "olympiadbench": "69,84", "ecqa": "B) ignorance"}
+         "olympiadbench": "69,84", "ecqa": "B) ignorance", "arith": "68"}
 
 CANARY = "pwnedcanary"
 PAYLOADS = [f"__import__('os').system('touch {CANARY}')", f"exec('{CANARY} = 1')", f"eval('{CANARY}')",
