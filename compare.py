@@ -37,9 +37,8 @@ from reward import load_task
 METHODS = {"SFT": None, "PPO": ["--influence", "off"], "I-PPO": [], "random filter": ["--random-filter"]}
 # train.py flags set through compare.py's own flags (same names, defaults and help as train.py).
 PASSTHROUGH = ("model", "dataset", "data_source", "arith_digits", "arith_terms", "prompts_per_iter",
-               "samples_per_prompt",
-               "max_new_tokens", "eval_every", "eval_limit", "eval_max_new_tokens", "gen_batch_size", "device",
-               "progress")
+               "samples_per_prompt", "max_new_tokens", "eval_every", "eval_limit", "eval_max_new_tokens",
+               "gen_batch_size", "device", "progress")
 # Flags compare.py sets per run; --train-args may not override them.
 OWNED = ("--algo", "--influence", "--random-filter", "--no-random-filter", "--init-adapter", "--run-dir", "--seed",
          "--resume", "--iterations")
