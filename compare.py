@@ -14,8 +14,8 @@ the first --final-limit problems of the test split. Written into --out:
     compare.md    per method: final accuracy and kept fraction, mean +- std over seeds
     compare.png   eval accuracy and kept fraction against iteration, mean over seeds
     results.json  the numbers of every run;  runs/<method>-seed<s>/  the train.py run directories
-A run directory that already holds checkpoints is resumed (train.py --resume), so an
-interrupted comparison continues where it stopped.
+A run directory that train.py already started (config.json) is resumed (train.py --resume; with
+no checkpoint yet it starts over), so an interrupted comparison continues where it stopped.
 
 CLI:
     python compare.py --seeds 0,1 --iterations 20 --out runs/compare [--train-args "--lr 1e-5"]
@@ -86,8 +86,8 @@ def train_argv(args) -> list[str]:
 
 
 def run(run_dir: Path, argv: list[str], iterations: int, progress: bool) -> Path:
-    """train.main with these flags, or resume the run if its directory already has checkpoints."""
-    if (run_dir / "checkpoints" / "latest").exists():
+    """train.main with these flags, or resume the run if train.py already started it there (config.json)."""
+    if (run_dir / "config.json").exists():  # started before: resume it (without a checkpoint yet it starts over)
         print(f"[compare] {run_dir}: resuming (a finished run is left as it is)", file=sys.stderr)
         return train.main(["--resume", str(run_dir), "--iterations", str(iterations),
                            "--progress" if progress else "--no-progress"])

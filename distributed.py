@@ -30,6 +30,8 @@ Public:
     Dist.sum_grads(params)   sum .grad over ranks
     Dist.broadcast(obj)      rank 0's Python object on every rank
     Dist.share(n)            (start, stop) of this rank's contiguous share of n items
+    Dist.barrier()           wait for every rank
+    Dist.is_main, Dist.active   rank 0?  more than one process?
 """
 
 from __future__ import annotations

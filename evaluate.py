@@ -15,6 +15,8 @@ Public functions:
     parse_metrics("em,maj@8,pass@8")                 -> [("em", None), ("maj", 8), ("pass", 8)]
     pass_at_k(n, c, k)                               -> float
     majority_vote(answers)                           -> the winning answer, or None
+    metric_name(("maj", 8))                          -> "maj@8"
+    resolve_adapter(path)                            -> checkpoint directory (of a run directory: its latest)
     load_for_eval(model, adapter, device)            -> (policy, tokenizer, model, checkpoint or None)
 CLI:
     python evaluate.py --model gemma-3-270m [--adapter RUN_DIR or RUN_DIR/checkpoints/iter_N]

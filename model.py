@@ -14,6 +14,11 @@ Public functions:
     add_lora(model, targets, rank, alpha) -> list of the LoRALinear layers it inserted
     adapters_disabled(model)        context manager: the reference policy pi_ref
     lora_parameters(model)          the LoRA tensors in a fixed order (what influence scores use)
+    Policy                          LM + value head: hidden_states, logits, forward -> (logits, values)
+    save_adapter(policy, dir, lora), load_adapter(policy, dir, with_value_head=True),
+    read_adapter_config(dir)        checkpoints of the trainable tensors (safetensors + JSON)
+    eos_token_ids(tokenizer)        the token ids that end a response
+    pick_device_and_dtype(device)   cuda > mps > cpu; bf16 on GPU, fp32 on CPU
 """
 
 from __future__ import annotations

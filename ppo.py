@@ -7,7 +7,8 @@ are (N,). Every function says over what it averages.
 Public functions:
     kl_penalized_rewards(scores, logprobs, ref_logprobs, mask, beta) -> (rewards, kl)
     gae(rewards, values, mask, gamma, lam)          -> (advantages, returns)   GAE, eq. 11-12
-    whiten(x, mask)                                 -> x normalised over all masked tokens
+    whiten(x, mask, eps, reduce_sum=None)           -> x normalised over all masked tokens
+                                                       (reduce_sum: over ranks under torchrun)
     policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps) -> (N,) clipped surrogate
     value_loss(values, old_values, returns, mask, clip_eps) -> (N,) clipped value loss
     clip_fraction(logprobs, old_logprobs, mask, clip_eps)   -> (N,) share of clipped tokens

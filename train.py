@@ -9,14 +9,18 @@ Post-Training", arXiv 2604.01597. One iteration (the algorithm box, `ppo_iterati
                 A_t, R_t = GAE(gamma, lambda); A whitened over tokens       ppo.py
     influence   s_i = grad L_clip_i . grad L_SFT(val); keep s_i > 0;
                 w_i = s_i / mean_kept s                                    influence.py
-    update      PPO epochs on the kept episodes:
-                (1/|D'|) sum_i w_i L_clip_i + c_v (1/|D'|) sum_i L_V_i - c_e H   ppo.py
+    update      PPO epochs on the kept episodes D', per minibatch M of D':
+                (1/|M|) sum_{i in M} [w_i L_clip_i + c_v L_V_i - c_e H_i]        ppo.py
 
 `--influence off` is plain PPO; `--algo sft` trains the adapters on reference solutions.
 Faults: a crash at any moment loses no committed iteration and --resume continues exactly
 (see "run directory" below); a NaN/inf stops the run naming the phase, before anything of
 that iteration is saved; nonsense flags are refused at start, naming the flag.
 Run `python train.py --help` for every flag; the README explains the output.
+
+Public: Config, parse_config(argv), add_config_flags(parser, names), main(argv) -> run directory;
+the phases ppo_iteration, compute_advantages, select_episodes, ppo_update, sft_iteration (each
+takes `dist`, see distributed.py; tests call them under torchrun).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from influence import (binary_filter, episode_gradients, filter_and_reweight, in
 from model import OFFLINE_DEFAULT, ModelInfo, inspect_model, load_adapter, load_policy, save_adapter
 from ppo import clip_fraction, gae, kl_penalized_rewards, masked_mean, policy_loss, value_loss, whiten
 from report import write_plots, write_report
-from reward import ARITH_DIGITS, ARITH_TERMS, TASKS, load_task, make_prompt, reward_fn
+from reward import ARITH_DIGITS, ARITH_TERMS, TASKS, extract_answer, is_correct, load_task, make_prompt, reward_fn
 from rollout import encode_pairs, generate_rollouts, token_logprobs
 
 
@@ -58,13 +62,14 @@ class Config:
     # what to train
     model: str = flag(OFFLINE_DEFAULT, "hub id (google/gemma-3-1b-it), local directory, or the offline default")
     dataset: str = flag("gsm8k", "task to train and evaluate on", choices=TASKS)
-    data_source: str = flag("auto", "auto: the hub unless HF_HUB_OFFLINE=1 or unreachable, else data/", choices=("auto", "hub", "local"))
+    data_source: str = flag("auto", "auto: the hub if it has the task, unless HF_HUB_OFFLINE=1 or unreachable; "
+                            "else data/", choices=("auto", "hub", "local"))
     arith_digits: int = flag(ARITH_DIGITS, "--dataset arith: digits of every number in a problem")
     arith_terms: int = flag(ARITH_TERMS, "--dataset arith: numbers per problem (terms - 1 additions or subtractions)")
     algo: str = flag("ppo", "ppo (with or without influence) or sft (LoRA on reference solutions)", choices=("ppo", "sft"))
     influence: str = flag("on", "on: I-PPO; off: plain PPO", choices=("on", "off"))
     reweight: bool = flag(True, "weight kept episodes by s_i / mean kept s (--no-reweight: binary filter)")
-    influence_method: str = flag("onepass", "how scores are computed: onepass (one batched backward, exact) or "
+    influence_method: str = flag("onepass", "how scores are computed: onepass (one batched backward per --micro-batch-size episodes, exact) or "
                                  "loop (one backward per episode, the readable reference)", choices=("onepass", "loop"))
     random_filter: bool = flag(False, "control: drop as many episodes as influence would, chosen at random")
     init_adapter: str = flag("", "start from this checkpoint's LoRA adapters (e.g. an --algo sft run)")
@@ -103,11 +108,11 @@ class Config:
     eval_every: int = flag(10, "greedy exact-match evaluation every K iterations, before the first and after the last (0 = off)")
     eval_limit: int = flag(50, "evaluate on the first K problems of the test split")
     eval_max_new_tokens: int = flag(256, "response length limit for evaluation")
-    run_dir: str = flag("", "where to write the run (default runs/<time>-<algo>)")
+    run_dir: str = flag("", "where to write the run (default runs/<date>-<time>-ppo-influence, -ppo-plain or -sft)")
     resume: str = flag("", "continue the run in this directory from its latest checkpoint")
     keep_checkpoints: int = flag(2, "how many most recent checkpoints to keep")
     seed: int = flag(0, "the one seed: data order, sampling, random filter")
-    device: str = flag("auto", "auto (cuda > mps > cpu), cpu, cuda or mps")
+    device: str = flag("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
     trust_remote_code: bool = flag(False, "allow a hub model to run its own code (off unless asked)")
     progress: bool = flag(True, "tqdm progress bars (--no-progress to hide)")
     plots: bool = flag(True, "write plots.png and report.html into the run directory at the end (--no-plots to skip)")
@@ -321,7 +326,6 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                      temperature=cfg.temperature, seed=derived_seed(cfg.seed, it, SAMPLING, dist.rank),
                                      batch_size=cfg.gen_batch_size, progress=cfg.progress)
-        mask = rollouts.response_mask                                                    # (N, T)
         golds = [examples[j].gold for j in rollouts.prompt_index]
         require_finite(it, "rollout", old_logprobs=rollouts.old_logprobs, ref_logprobs=rollouts.ref_logprobs,
                        values=rollouts.values)
@@ -329,7 +333,7 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
     with timer("reward"):
         scores = torch.tensor([reward_fn(text, gold, cfg.dataset, bool(trunc), cfg.truncation_penalty)
                                for text, gold, trunc in zip(rollouts.responses, golds, rollouts.truncated)],
-                              device=mask.device)                                        # (N,)
+                              device=rollouts.response_mask.device)                      # (N,)
         require_finite(it, "reward", scores=scores)
 
     with timer("advantages"):
@@ -345,32 +349,41 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         else:
             update = {"skipped": True}
 
-    all_rewards = dist.cat(scores)
-    warnings = batch_warnings(cfg, all_rewards, dist.cat(rollouts.truncated.to(mask.device, torch.float32)).bool(), n_kept)
+    return iteration_records(it, cfg, examples, rollouts, scores, kl, keep, weights, n_kept, influence, update, dist)
+
+
+def iteration_records(it, cfg: Config, examples, rollouts, scores, kl, keep, weights, n_kept: int, influence: dict,
+                      update: dict, dist: Dist = SINGLE) -> tuple[dict, list]:
+    """Bookkeeping of ppo_iteration: the metrics of the iteration (means over all ranks'
+    episodes, each with its denominator) and one record per episode (all ranks', rank order)."""
+    mask = rollouts.response_mask
+    golds = [examples[j].gold for j in rollouts.prompt_index]
+    answers = [extract_answer(t, cfg.dataset) for t in rollouts.responses]
+    correct = [is_correct(a, g, cfg.dataset) for a, g in zip(answers, golds)]
+    warnings = batch_warnings(cfg, dist.cat(scores), dist.cat(rollouts.truncated.to(mask.device, torch.float32)).bool(),
+                              n_kept)
     for what in warnings.values():
         if dist.is_main:
             print(f"[it {it + 1}] warning: {what}", file=sys.stderr)
-
-    correct = torch.tensor([reward_fn(t, g, cfg.dataset) for t, g in zip(rollouts.responses, golds)])
-    # Sums and counts over all ranks first, then the means (every reduction says its denominator).
-    total = dict(zip(("reward", "correct", "truncated", "tokens", "episodes", "kl"), dist.sum(torch.tensor(
-        [scores.sum().item(), correct.sum().item(), rollouts.truncated.sum().item(), mask.sum().item(),
-         len(rollouts), kl.sum().item()], dtype=torch.float64, device=mask.device)).tolist()))
+    # Sums and counts over all ranks first, then the means.
+    total = dict(zip(("reward", "correct", "unparsed", "truncated", "tokens", "episodes", "kl"), dist.sum(torch.tensor(
+        [scores.sum().item(), sum(correct), sum(a is None for a in answers), rollouts.truncated.sum().item(),
+         mask.sum().item(), len(rollouts), kl.sum().item()], dtype=torch.float64, device=mask.device)).tolist()))
+    per_episode = {k: total[k] / total["episodes"] for k in ("reward", "correct", "unparsed", "truncated", "tokens")}
     metrics = {
-        "reward": total["reward"] / total["episodes"], "accuracy": total["correct"] / total["episodes"],
-        "truncated": total["truncated"] / total["episodes"], "response_tokens": total["tokens"] / total["episodes"],
+        "reward": per_episode["reward"], "accuracy": per_episode["correct"], "unparsed": per_episode["unparsed"],
+        "truncated": per_episode["truncated"], "response_tokens": per_episode["tokens"],
         "episodes": int(total["episodes"]), "kept": n_kept, "kept_fraction": n_kept / total["episodes"],
         "kl": total["kl"] / max(total["tokens"], 1.0),  # mean over all response tokens
-        **influence, **update,
+        **{k: v for k, v in influence.items() if k != "scores"}, **update,
     }
     if warnings:
         metrics["warnings"] = list(warnings)
     episodes = [{"iteration": it + 1, "prompt": examples[j].question, "gold": golds[i], "response": rollouts.responses[i],
-                 "reward": scores[i].item(), "truncated": bool(rollouts.truncated[i]),
+                 "answer": answers[i], "reward": scores[i].item(), "truncated": bool(rollouts.truncated[i]),
                  "score": influence["scores"][i] if "scores" in influence else None,
                  "kept": bool(keep[i]), "weight": weights[i].item()}
                 for i, j in enumerate(rollouts.prompt_index)]
-    metrics.pop("scores", None)
     return metrics, dist.gather_objects(episodes)
 
 
@@ -425,20 +438,25 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
     (per-episode losses are token means; the value loss is unweighted, our choice). Each epoch
     shuffles D' and splits it into ceil(|D'| / --minibatch-size) minibatches of balanced sizes
     (our choice), so with --minibatch-size >= |D'| this is exactly the objective of the
-    algorithm box. Under torchrun each rank splits its own kept episodes into that many parts:
-    minibatch j is the union of the ranks' parts j, |M| is counted over ranks, and the
-    gradients are summed over ranks before the step."""
+    algorithm box. Under torchrun D' spans the ranks: every rank draws the same shuffle of all
+    kept episodes, works on its own episodes of each minibatch, and the gradients are summed
+    over ranks before the step, so K ranks take the steps one process would."""
     device = advantages.device
-    kept = keep.nonzero().squeeze(-1).cpu()
-    n_minibatches = math.ceil(int(dist.sum(torch.tensor(len(kept), device=device))) / cfg.minibatch_size)
-    generator = torch.Generator().manual_seed(derived_seed(cfg.seed, it, MINIBATCHES, dist.rank))
+    # D' as indices into all ranks' episodes (rank order); the shuffle and the split into
+    # minibatches are the same in every rank and for any number of ranks.
+    kept_all = dist.cat(keep.float()).nonzero().squeeze(-1).cpu()
+    first = dist.offset(len(keep))                    # this rank's episodes are [first, first + N)
+    n_minibatches = math.ceil(len(kept_all) / cfg.minibatch_size)
+    generator = torch.Generator().manual_seed(derived_seed(cfg.seed, it, MINIBATCHES))
     params = [p for p in policy.parameters() if p.requires_grad]
     sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "visits": 0.0}
     steps = [(e, mb) for e in range(cfg.ppo_epochs)
-             for mb in kept[torch.randperm(len(kept), generator=generator)].tensor_split(n_minibatches)]
-    for epoch, minibatch in tqdm(steps, desc="updating", unit="step", disable=not cfg.progress, leave=False):
+             for mb in kept_all[torch.randperm(len(kept_all), generator=generator)].tensor_split(n_minibatches)]
+    for epoch, global_minibatch in tqdm(steps, desc="updating", unit="step", disable=not cfg.progress, leave=False):
         optimizer.zero_grad(set_to_none=True)
-        size = dist.sum(torch.tensor(float(len(minibatch)), device=device))                # |M|, all ranks
+        size = len(global_minibatch)                                                     # |M|, all ranks
+        mine = global_minibatch[(global_minibatch >= first) & (global_minibatch < first + len(keep))]
+        minibatch = mine - first                                                         # this rank's part
         for micro in chunks(minibatch, cfg.micro_batch_size):
             part = rollouts.select(micro)
             logprobs, values, entropy = token_logprobs(policy, part, cfg.temperature, with_entropy=True)  # (n, T)
@@ -807,7 +825,11 @@ def main(argv=None) -> Path:
     cfg = parse_config(argv)
     check_against_world(cfg, dist.world)
     torch.manual_seed(cfg.seed)
+    if not dist.is_main:
+        dist.barrier()  # rank 0 first: on first use it converts the offline model, once
     check_against_model(cfg, inspect_model(cfg.model, cfg.trust_remote_code))
+    if dist.is_main:
+        dist.barrier()
     difficulty = {"arith_digits": cfg.arith_digits, "arith_terms": cfg.arith_terms}
     train_task = load_task(cfg.dataset, "train", cfg.data_source, **difficulty)
     test_task = load_task(cfg.dataset, "test", cfg.data_source, **difficulty)

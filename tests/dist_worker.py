@@ -24,7 +24,9 @@ from rollout import encode_pairs, generate_rollouts  # noqa: E402
 def main(model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
     dist = setup()
-    cfg = train.Config(model=model_dir, ppo_epochs=2, minibatch_size=64, micro_batch_size=2, lr=1e-2,
+    # minibatch_size 2 < the kept episodes: several optimizer steps per epoch, each minibatch
+    # drawn from all ranks' kept episodes.
+    cfg = train.Config(model=model_dir, ppo_epochs=2, minibatch_size=2, micro_batch_size=2, lr=1e-2,
                        val_batch_size=2, progress=False)
     torch.manual_seed(0)
     policy, tok = load_policy(model_dir, quiet=True)
