@@ -331,6 +331,7 @@ def main(argv=None) -> dict:
     config = vars(args) | {"model": model, "adapter_checkpoint": str(checkpoint) if checkpoint else None,
                            "samples": result["n_samples"]}
     out = {"config": config, "data_source": task.source, "seconds": seconds} | result
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     label = f"{args.dataset}/{args.split}"
     for name, m in result["metrics"].items():

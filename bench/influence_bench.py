@@ -6,7 +6,7 @@
 Scoring part, per model and N (synthetic buffer: random prompt/response tokens, left-padded
 prompts of 32-64 tokens, responses of 32-64 tokens): seconds for the loop (one backward per
 episode), the one-pass method, and one plain batched forward+backward of the summed loss of
-the same buffer (each the median of --repeats calls); the loop/one-pass ratio; the max
+the same buffer (each the fastest of --repeats calls, the three taking turns); the loop/one-pass ratio; the max
 difference of the scores relative to the largest loop score, against the loop and against
 per-episode gradients taken from the same batched forward pass as one-pass (which separates
 the method's exactness from fp32 rounding of a batched forward pass).
@@ -57,15 +57,21 @@ def synthetic_buffer(policy, vocab: int, N: int, P: int, T: int, seed: int):
     return r, advantages
 
 
-def timed(fn, repeats: int = 1):
-    """Median wall seconds of `repeats` calls (tiny-model steps take ~20 ms, where one call is
-    noise), and the last call's output."""
-    seconds = []
+def timed(fns: dict, repeats: int = 1) -> tuple[dict, dict]:
+    """Fastest wall seconds of `repeats` calls of each function, and each one's last output.
+    The functions take turns within every repeat (after one untimed warm-up round), so a busy
+    moment of the machine slows all of them alike rather than one; the minimum is reported
+    because scheduler noise only ever adds time (tiny-model steps take 10-50 ms)."""
+    for fn in fns.values():
+        fn()
+    seconds = {name: [] for name in fns}
+    outs = {}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        seconds.append(time.perf_counter() - t0)
-    return sorted(seconds)[len(seconds) // 2], out
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            outs[name] = fn()
+            seconds[name].append(time.perf_counter() - t0)
+    return {name: min(s) for name, s in seconds.items()}, outs
 
 
 def same_forward_scores(policy, buf, adv, g_val, micro: int) -> torch.Tensor:
@@ -105,11 +111,12 @@ def bench_scores(name: str, source: str, sizes: list[int], micro: int, repeats: 
                 loss = policy_loss(lp, part.old_logprobs, adv[s:s + micro], part.response_mask, 0.2).sum()
                 torch.autograd.grad(loss, params)
 
-        t_loop, loop = timed(lambda: influence_scores(episode_gradients(policy, buf, adv, clip_eps=0.2, temperature=1.0),
-                                                      g_val), repeats)
-        t_one, one = timed(lambda: onepass_scores(policy, buf, adv, g_val, clip_eps=0.2, temperature=1.0,
-                                                  batch_size=micro), repeats)
-        t_fb, _ = timed(batched, repeats)
+        t, out = timed({
+            "loop": lambda: influence_scores(episode_gradients(policy, buf, adv, clip_eps=0.2, temperature=1.0), g_val),
+            "onepass": lambda: onepass_scores(policy, buf, adv, g_val, clip_eps=0.2, temperature=1.0, batch_size=micro),
+            "fwd_bwd": batched,
+        }, repeats)
+        t_loop, t_one, t_fb, loop, one = t["loop"], t["onepass"], t["fwd_bwd"], out["loop"], out["onepass"]
         same = same_forward_scores(policy, buf, adv, g_val, micro)
         rel = ((one - loop).abs().max() / loop.abs().max()).item()
         rel_same = ((one - same).abs().max() / same.abs().max()).item()
@@ -142,7 +149,7 @@ def main():
     parser.add_argument("--sizes", default="8,16,32", help="episode counts N")
     parser.add_argument("--micro", type=int, default=8, help="episodes per forward/backward in one-pass and batched")
     parser.add_argument("--repeats", type=int, default=0,
-                        help="timed calls per measurement, median reported (0: 31 for tiny, 1 for 270M)")
+                        help="timed calls per measurement, fastest reported (0: 31 for tiny, 1 for 270M)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

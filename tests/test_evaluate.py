@@ -175,7 +175,7 @@ def test_sampling_is_seeded_and_leaves_the_callers_rng_alone(tiny_policy):
 
 
 def test_cli_end_to_end(tiny_dir, tmp_path, capsys):
-    out = tmp_path / "eval.json"
+    out = tmp_path / "not" / "yet" / "eval.json"   # --out's folders are made as needed
     ev.main(["--model", tiny_dir, "--dataset", "gsm8k", "--data-source", "local", "--limit", "3", "--samples", "2",
              "--max-new-tokens", "8", "--metrics", "em,maj@2,pass@2", "--no-progress", "--out", str(out)])
     printed = capsys.readouterr().out
