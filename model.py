@@ -3,7 +3,9 @@
 I-PPO (Shu, Zhang, Hullman, arXiv 2604.01597) fine-tunes the LM with PPO. We train only
 low-rank adapters (LoRA, Hu et al. 2021, eq. 3: h = W0 x + (alpha / r) B A x) and a scalar
 value head; the frozen base weights with the adapters switched off are the reference
-policy pi_ref, so no second copy of the model is kept.
+policy pi_ref, so no second copy of the model is kept. A run that starts from an SFT adapter
+(--init-adapter) keeps a frozen copy of that adapter as the reference instead
+(load_reference_adapter), so the KL penalty holds the policy near the SFT model, not the base.
 
 Public functions:
     load_policy(model, ...)        -> (Policy, tokenizer): hub id, local directory, or the
@@ -13,6 +15,7 @@ Public functions:
     LoRALinear                      a frozen nn.Linear plus a trainable low-rank update
     add_lora(model, targets, rank, alpha) -> list of the LoRALinear layers it inserted
     adapters_disabled(model)        context manager: the reference policy pi_ref
+    load_reference_adapter(policy, dir) a checkpoint's LoRA tensors as a frozen reference adapter
     lora_parameters(model)          the LoRA tensors in a fixed order (what influence scores use)
     Policy                          LM + value head: hidden_states, logits, forward -> (logits, values)
     save_adapter(policy, dir, lora), load_adapter(policy, dir, with_value_head=True),
@@ -56,6 +59,9 @@ class LoRALinear(nn.Module):
         self.rank = rank
         self.scale = alpha / rank
         self.enabled = True
+        # The frozen reference adapter used while `enabled` is False (None: the base model).
+        self.ref_A: torch.Tensor | None = None
+        self.ref_B: torch.Tensor | None = None
         self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=base.weight.device))
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
         # Same initialisation as microsoft/LoRA: kaiming-uniform A, zero B.
@@ -63,9 +69,10 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        if not self.enabled:
+        A, B = (self.lora_A, self.lora_B) if self.enabled else (self.ref_A, self.ref_B)
+        if A is None:
             return y
-        update = (x.to(self.lora_A.dtype) @ self.lora_A.T) @ self.lora_B.T
+        update = (x.to(A.dtype) @ A.T) @ B.T
         return y + (self.scale * update).to(y.dtype)
 
 
@@ -94,7 +101,8 @@ def add_lora(model: nn.Module, targets: list[str], rank: int, alpha: float) -> l
 
 @contextlib.contextmanager
 def adapters_disabled(model: nn.Module):
-    """Within this block the model is the frozen base model, i.e. the reference policy."""
+    """Within this block the model is the reference policy: the frozen base model, or the base
+    plus the frozen adapter given to load_reference_adapter."""
     layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
     previous = [m.enabled for m in layers]
     for m in layers:
@@ -311,6 +319,25 @@ def read_adapter_config(directory: Path) -> dict:
     if not path.exists():
         raise SystemExit(f"{directory}: not an adapter checkpoint (no {ADAPTER_CONFIG})")
     return json.loads(path.read_text())
+
+
+def load_reference_adapter(policy: Policy, directory: Path) -> None:
+    """Make the LoRA tensors of checkpoint `directory` the reference policy's adapter (frozen
+    copies, not parameters, never saved): adapters_disabled() then gives base + that adapter."""
+    from safetensors.torch import load_file
+
+    path = Path(directory) / ADAPTER_FILE
+    if not path.exists():
+        raise SystemExit(f"{directory}: no {ADAPTER_FILE} (expected a checkpoint directory)")
+    tensors = load_file(path)
+    for name, module in policy.named_modules():
+        if isinstance(module, LoRALinear):
+            A, B = tensors.get(f"{name}.lora_A"), tensors.get(f"{name}.lora_B")
+            if A is None or B is None or A.shape != module.lora_A.shape or B.shape != module.lora_B.shape:
+                raise SystemExit(f"{path}: no LoRA tensors for {name} of this shape (see {ADAPTER_CONFIG} "
+                                 "for the rank and targets it was trained with)")
+            module.ref_A = A.to(module.lora_A.device, module.lora_A.dtype)
+            module.ref_B = B.to(module.lora_B.device, module.lora_B.dtype)
 
 
 def load_adapter(policy: Policy, directory: Path, with_value_head: bool = True) -> None:

@@ -46,7 +46,8 @@ from distributed import setup as setup_distributed
 from evaluate import evaluate
 from influence import (binary_filter, episode_gradients, filter_and_reweight, influence_scores, onepass_scores,
                        random_filter, sft_nll, validation_gradient)
-from model import OFFLINE_DEFAULT, ModelInfo, inspect_model, load_adapter, load_policy, save_adapter
+from model import (OFFLINE_DEFAULT, ModelInfo, inspect_model, load_adapter, load_policy, load_reference_adapter,
+                   save_adapter)
 from ppo import clip_fraction, gae, kl_penalized_rewards, masked_mean, policy_loss, value_loss, whiten
 from report import write_plots, write_report
 from reward import ARITH_DIGITS, ARITH_TERMS, TASKS, extract_answer, is_correct, load_task, make_prompt, reward_fn
@@ -862,6 +863,10 @@ def main(argv=None) -> Path:
         # SFT trains no value head: only the LoRA tensors are taken.
         load_adapter(policy, init_adapter, with_value_head=False)
         say(f"[init] LoRA adapters from {init_adapter}", file=sys.stderr)
+    if init_adapter:
+        # Our choice: the KL reference is the policy the run started from (base + init adapter),
+        # as in RLHF's SFT reference; the base model would pull the policy back from what SFT learnt.
+        load_reference_adapter(policy, init_adapter)
     if dist.is_main:
         write_atomic(run_dir / "data.json", json.dumps({"train": train_task.source, "test": test_task.source,
                                                         "val_rows": [e.where for e in val_examples]}, indent=2))

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from model import LoRALinear, adapters_disabled, load_adapter, load_policy, lora_parameters, save_adapter
+from model import (LoRALinear, adapters_disabled, load_adapter, load_policy, load_reference_adapter, lora_parameters,
+                   save_adapter)
 from rollout import encode_prompts
 
 
@@ -50,6 +51,29 @@ def test_adapters_off_is_the_base_model_after_training(tiny_dir):
     assert (after - before).abs().max() > 1e-3             # training changed the policy
     torch.testing.assert_close(reference, before)          # adapters off: the base model
     torch.testing.assert_close(again, after)               # and the context restores them
+
+
+def test_reference_adapter_is_the_starting_policy(tiny_dir, tmp_path):
+    policy, tok = load_policy(tiny_dir, quiet=True)
+    ids, mask = encode_prompts(tok, ["Question: 2+2?", "Hi"])
+    with torch.no_grad():
+        base, _ = policy(ids, mask, n_last=3)
+        for p in lora_parameters(policy):
+            p.add_(torch.randn_like(p) * 0.05)          # an "SFT" adapter
+        sft, _ = policy(ids, mask, n_last=3)
+    save_adapter(policy, tmp_path, {"rank": 8})
+    load_reference_adapter(policy, tmp_path)
+    with torch.no_grad():
+        for p in lora_parameters(policy):
+            p.add_(torch.randn_like(p) * 0.05)          # training moves on from it
+        moved, _ = policy(ids, mask, n_last=3)
+        with adapters_disabled(policy):
+            reference, _ = policy(ids, mask, n_last=3)
+    assert (sft - base).abs().max() > 1e-3 and (moved - sft).abs().max() > 1e-3
+    torch.testing.assert_close(reference, sft)             # the reference is the SFT policy, not the base
+    fresh, _ = load_policy(tiny_dir, lora_rank=4, quiet=True)
+    with pytest.raises(SystemExit, match="no LoRA tensors"):
+        load_reference_adapter(fresh, tmp_path)
 
 
 def test_unknown_lora_target_is_refused(tiny_dir):

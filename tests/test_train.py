@@ -87,6 +87,8 @@ def test_sft_then_ppo_from_its_adapter(tiny_dir, tmp_path):
     assert len(losses) == 3 and losses[-1] < losses[0]
     ppo_dir = run(tiny_dir, tmp_path / "ppo", "--iterations", "1", "--eval-every", "0", "--init-adapter", str(sft_dir))
     assert metrics(ppo_dir)[0]["episodes"] == 6
+    # the KL reference is the SFT policy the run starts from: before the first update they agree
+    assert abs(metrics(ppo_dir)[0]["kl"]) < 1e-5
 
 
 def test_bad_flags_are_refused_naming_the_flag(tiny_dir, tmp_path):
