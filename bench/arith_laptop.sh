@@ -21,6 +21,7 @@ declare -A FLAGS=([ppo]="--influence off" [ippo]="--influence on" [random]="--in
 for seed in $SEEDS; do
     t0=$SECONDS
     for method in ppo ippo random; do
+        grep -qs "^\[done\]" "$OUT/$method-s$seed.log" && continue   # finished before: keep it
         OMP_NUM_THREADS=1 python train.py $COMMON ${FLAGS[$method]} --seed "$seed" --init-adapter "$OUT/sft" \
             --iterations "$ITERS" --prompts-per-iter 4 --samples-per-prompt 4 --max-new-tokens 32 \
             --lr 2e-4 --kl-beta 0 --truncation-penalty 0.5 --minibatch-size 8 --eval-every 5 \
