@@ -40,7 +40,7 @@ names = {"ppo": "PPO", "ippo": "I-PPO", "random": "random filter"}
 results = [{"method": "SFT", "seed": 0, "metrics": read_metrics(out / "sft")}]
 results += [{"method": names[m], "seed": s, "metrics": read_metrics(out / f"{m}-s{s}")} for m in names for s in seeds]
 write_plot(out / "compare.png", results)
-lines = ["| method | seed | eval acc at RL start | final eval acc | mean kept fraction | wall min |", "|---|---|---|---|---|---|"]
+lines = ["| method | seed | eval acc at RL start | final eval acc | mean kept fraction | timed phases, min |", "|---|---|---|---|---|---|"]
 for r in results[1:]:
     evals = [(m["iteration"], m["eval_accuracy"]) for m in r["metrics"] if "eval_accuracy" in m]
     kept = [m["kept_fraction"] for m in r["metrics"] if "kept_fraction" in m]
