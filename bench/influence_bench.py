@@ -7,9 +7,10 @@ Scoring part, per model and N (synthetic buffer: random prompt/response tokens, 
 prompts of 32-64 tokens, responses of 32-64 tokens): seconds for the loop (one backward per
 episode), the one-pass method, and one plain batched forward+backward of the summed loss of
 the same buffer (each the fastest of --repeats calls, the three taking turns); the
-loop/one-pass ratio; the max difference of the scores relative to the largest loop score, against the loop and against
-per-episode gradients taken from the same batched forward pass as one-pass (which separates
-the method's exactness from fp32 rounding of a batched forward pass).
+loop/one-pass ratio; the max difference of the scores relative to the largest loop score,
+against the loop and against per-episode gradients taken from the same batched forward pass
+as one-pass (which separates the method's exactness from fp32 rounding of a batched forward
+pass).
 
 Memory part (270M only, unless --no-memory): peak resident memory of one PPO update step
 (forward + backward, 16 episodes of 256 response tokens) with the plain log_softmax path and
