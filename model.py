@@ -321,15 +321,20 @@ def read_adapter_config(directory: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def load_reference_adapter(policy: Policy, directory: Path) -> None:
-    """Make the LoRA tensors of checkpoint `directory` the reference policy's adapter (frozen
-    copies, not parameters, never saved): adapters_disabled() then gives base + that adapter."""
+def _read_adapter_tensors(directory: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The tensors save_adapter wrote into `directory`, and the file they came from."""
     from safetensors.torch import load_file
 
     path = Path(directory) / ADAPTER_FILE
     if not path.exists():
         raise SystemExit(f"{directory}: no {ADAPTER_FILE} (expected a checkpoint directory)")
-    tensors = load_file(path)
+    return path, load_file(path)
+
+
+def load_reference_adapter(policy: Policy, directory: Path) -> None:
+    """Make the LoRA tensors of checkpoint `directory` the reference policy's adapter (frozen
+    copies, not parameters, never saved): adapters_disabled() then gives base + that adapter."""
+    path, tensors = _read_adapter_tensors(directory)
     for name, module in policy.named_modules():
         if isinstance(module, LoRALinear):
             A, B = tensors.get(f"{name}.lora_A"), tensors.get(f"{name}.lora_B")
@@ -342,12 +347,7 @@ def load_reference_adapter(policy: Policy, directory: Path) -> None:
 
 def load_adapter(policy: Policy, directory: Path, with_value_head: bool = True) -> None:
     """Load tensors written by save_adapter into `policy` (whose LoRA layout must match)."""
-    from safetensors.torch import load_file
-
-    path = Path(directory) / ADAPTER_FILE
-    if not path.exists():
-        raise SystemExit(f"{directory}: no {ADAPTER_FILE} (expected a checkpoint directory)")
-    tensors = load_file(path)
+    path, tensors = _read_adapter_tensors(directory)
     own = dict(policy.named_parameters())
     if not with_value_head:
         tensors = {k: v for k, v in tensors.items() if not k.startswith("value_head.")}
