@@ -39,7 +39,7 @@ from transformers import GenerationConfig
 
 import reward
 from model import OFFLINE_DEFAULT, eos_token_ids, load_adapter, load_policy, read_adapter_config
-from rollout import encode_prompts
+from rollout import encode_prompts, plain_generate
 
 SAMPLED = ("maj", "pass")  # metrics computed from sampled responses; "em" uses the greedy one
 
@@ -155,8 +155,8 @@ def generate_responses(policy, tokenizer, prompts: list[str], gen_config: Genera
     out = []
     for s in tqdm(range(0, len(prompts), batch_size), desc=desc, unit="batch", disable=not progress, leave=False):
         ids, mask = encode_prompts(tokenizer, prompts[s:s + batch_size])
-        tokens = policy.lm.generate(input_ids=ids.to(policy.device), attention_mask=mask.to(policy.device),
-                                    generation_config=gen_config)[:, ids.shape[1]:].cpu()   # (B, <= max_new_tokens)
+        tokens = plain_generate(policy.lm, ids.to(policy.device), mask.to(policy.device),
+                                gen_config)[:, ids.shape[1]:].cpu()                    # (B, <= max_new_tokens)
         for row in tokens:
             is_eos = torch.isin(row, eos)
             end = int(is_eos.long().argmax()) if is_eos.any() else len(row)

@@ -8,8 +8,9 @@ policy pi_ref, so no second copy of the model is kept. A run that starts from an
 (load_reference_adapter), so the KL penalty holds the policy near the SFT model, not the base.
 
 Public functions:
-    load_policy(model, ...)        -> (Policy, tokenizer): hub id, local directory, or the
-                                      offline default "gemma-3-270m"
+    load_policy(model, ...)        -> (Policy, tokenizer): hub id, local directory, or one of
+                                      the offline models "gemma-3-270m" (the default) and
+                                      "tiny-arith" (built from scratch, tiny_world.py)
     inspect_model(model, ...)      -> ModelInfo (context length, linear layer names) from the
                                       config alone, so bad flags are refused before the load
     LoRALinear                      a frozen nn.Linear plus a trainable low-rank update
@@ -38,6 +39,8 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+
+from tiny_world import TINY_MODEL, tiny_arith_dir
 
 OFFLINE_DEFAULT = "gemma-3-270m"
 # Where the de-quantised offline model is cached; override with IPPO_CACHE.
@@ -217,15 +220,20 @@ def _offline_default_dir() -> Path:
 
 
 def _model_source(model: str) -> str | Path:
-    """Where from_pretrained reads `model`: the cached offline default, or the id/path itself."""
-    return _offline_default_dir() if model == OFFLINE_DEFAULT else model
+    """Where from_pretrained reads `model`: one of the two offline models (converted or built
+    once, then cached), or the id/path itself."""
+    if model == OFFLINE_DEFAULT:
+        return _offline_default_dir()
+    if model == TINY_MODEL:
+        return tiny_arith_dir(CACHE_DIR)
+    return model
 
 
 def _refuse_unloadable(model: str, err: Exception) -> SystemExit:
     first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
     return SystemExit(f"--model {model!r}: could not load it ({first_line}). Without a reachable model hub, "
-                      f"use a local directory written by save_pretrained or the bundled offline default: "
-                      f"--model {OFFLINE_DEFAULT}")
+                      f"use a local directory written by save_pretrained or one of the offline models: "
+                      f"--model {OFFLINE_DEFAULT} or --model {TINY_MODEL}")
 
 
 @dataclass
@@ -256,7 +264,8 @@ def load_policy(model: str = OFFLINE_DEFAULT, *, device: str = "auto", lora_targ
     """Load a causal LM and tokenizer, add LoRA adapters and a value head.
 
     `model` is a hub id (e.g. google/gemma-3-1b-it), a local directory written by
-    save_pretrained, or "gemma-3-270m" for the bundled offline default.
+    save_pretrained, "gemma-3-270m" for the bundled offline default, or "tiny-arith" for the
+    tiny world's model (tiny_world.py).
     Returns (policy, tokenizer); policy.device and policy.dtype say where it lives.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -7,11 +7,13 @@ are (N,). Every function says over what it averages.
 Public functions:
     kl_penalized_rewards(scores, logprobs, ref_logprobs, mask, beta) -> (rewards, kl)
     gae(rewards, values, mask, gamma, lam)          -> (advantages, returns)   GAE, eq. 11-12
-    whiten(x, mask, eps, reduce_sum=None)           -> x normalised over all masked tokens
+    whiten(x, mask, eps, reduce_sum=None, std_floor=0) -> x normalised over all masked tokens
                                                        (reduce_sum: over ranks under torchrun)
     policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps) -> (N,) clipped surrogate
     value_loss(values, old_values, returns, mask, clip_eps) -> (N,) clipped value loss
     clip_fraction(logprobs, old_logprobs, mask, clip_eps)   -> (N,) share of clipped tokens
+    approx_kl(logprobs, old_logprobs, mask)         -> (N,) KL(pi_old || pi_theta) estimate per episode
+    explained_variance(values, returns, mask)       -> 1 - Var(R - V) / Var(R) over all tokens
     masked_mean(x, mask)                            -> (N,) token mean per episode
 """
 
@@ -61,16 +63,21 @@ def gae(rewards, values, mask, gamma: float, lam: float):
     return advantages, returns
 
 
-def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, reduce_sum=None) -> torch.Tensor:
-    """(x - mean) / std, with mean and (biased) variance over all masked tokens of all
-    episodes together; zero outside the mask. (N, T) -> (N, T).
-    `reduce_sum`, if given, is applied to each sum (the token count included) before it is
-    used: under torchrun it sums over ranks, so the statistics are those of the whole batch."""
+def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, reduce_sum=None,
+           std_floor: float = 0.0) -> torch.Tensor:
+    """(x - mean) / max(std, std_floor), with mean and (biased) variance over all masked tokens
+    of all episodes together; zero outside the mask. (N, T) -> (N, T).
+    `std_floor` keeps a batch with (almost) no spread, such as one whose rewards are all equal,
+    from being blown up to unit variance: its advantages stay small instead of turning value
+    noise into full-size steps. `reduce_sum`, if given, is applied to each sum (the token count
+    included) before it is used: under torchrun it sums over ranks, so the statistics are those
+    of the whole batch."""
     total = reduce_sum or (lambda t: t)
     n = total(mask.sum()).clamp(min=1.0)
     mean = total((x * mask).sum()) / n
     var = total((((x - mean) * mask) ** 2).sum()) / n
-    return (x - mean) * torch.rsqrt(var + eps) * mask
+    std = torch.sqrt(var + eps).clamp(min=std_floor)
+    return (x - mean) / std * mask
 
 
 def policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float) -> torch.Tensor:
@@ -86,8 +93,10 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float) -> to
 
 def value_loss(values, old_values, returns, mask, clip_eps: float) -> torch.Tensor:
     """Clipped value loss, per episode: mean_t 0.5 * max((V - R)^2, (V_clip - R)^2) with
-    V_clip = V_old + clip(V - V_old, -eps, eps) (as in OpenAI baselines' PPO2).
-    All inputs (N, T); returns (N,)."""
+    V_clip = V_old + clip(V - V_old, -eps, eps) (as in OpenAI baselines' PPO2); clip_eps = 0
+    means no clipping, mean_t 0.5 (V - R)^2. All inputs (N, T); returns (N,)."""
+    if clip_eps == 0:
+        return masked_mean(0.5 * (values - returns) ** 2, mask)            # (N,)
     values_clipped = old_values + torch.clamp(values - old_values, -clip_eps, clip_eps)
     loss = 0.5 * torch.maximum((values - returns) ** 2, (values_clipped - returns) ** 2)
     return masked_mean(loss, mask)                                          # (N,)
@@ -97,3 +106,28 @@ def clip_fraction(logprobs, old_logprobs, mask, clip_eps: float) -> torch.Tensor
     """Per episode, the share of response tokens whose ratio lies outside [1-eps, 1+eps]."""
     ratio = torch.exp(logprobs - old_logprobs)
     return masked_mean(((ratio - 1.0).abs() > clip_eps).float(), mask)
+
+
+def approx_kl(logprobs, old_logprobs, mask) -> torch.Tensor:
+    """Per episode, the token mean of (ratio - 1) - log ratio, ratio = pi_theta / pi_old: an
+    unbiased, never negative estimate of KL(pi_old || pi_theta) from tokens sampled from pi_old
+    (Schulman's "k3" estimator, as CleanRL logs it). All inputs (N, T); returns (N,)."""
+    log_ratio = logprobs - old_logprobs
+    return masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio, mask)
+
+
+def explained_variance(values, returns, mask, reduce_sum=None) -> float:
+    """1 - Var(R - V) / Var(R) over all masked tokens of all episodes (biased variances): 1 when
+    the value head predicts the returns, 0 when it does no better than their mean, negative when
+    worse. nan when the returns do not vary. `reduce_sum` as in whiten."""
+    total = reduce_sum or (lambda t: t)
+    n = total(mask.sum()).clamp(min=1.0)
+
+    def variance(x):
+        mean = total((x * mask).sum()) / n
+        return total((((x - mean) * mask) ** 2).sum()) / n
+
+    var_returns = variance(returns)
+    if float(var_returns) == 0.0:
+        return float("nan")
+    return float(1.0 - variance(returns - values) / var_returns)

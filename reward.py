@@ -432,10 +432,11 @@ def make_prompt(question: str, task: str = "gsm8k") -> str:
         return ("Answer the multiple-choice question. Reason briefly, then give the letter of the "
                 "correct option on its own line as 'Answer: <letter>'.\n\n"
                 f"Question: {question}\nAnswer:")
-    if task == "arith":   # short: a CPU run spends its time on prompt + response tokens
-        return ("Solve the problem one calculation per line, then give the final answer "
-                "on its own line as '#### <number>'.\n\n"
-                f"Question: {question}\nAnswer:")
+    if task == "arith":
+        # Our choice: no instruction. The tiny world's character-level model is trained from
+        # scratch on this prompt, and an instruction line would double its tokens (and its
+        # compute); other models learn the '#### N' format from SFT on the reference solutions.
+        return f"Question: {question}\nAnswer:"
     return ("Solve the math problem. Reason step by step, then give the final answer "
             "on its own line as '#### <number>'.\n\n"
             f"Question: {question}\nAnswer:")

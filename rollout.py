@@ -9,6 +9,7 @@ Public functions:
     encode_prompts(tokenizer, texts)                 -> (ids, mask), chat template if any
     encode_pairs(tokenizer, prompts, responses)      -> Sequences (reference solutions, for SFT)
     generate_rollouts(policy, tokenizer, prompts, ...) -> Rollouts
+    plain_generate(lm, ids, mask, config)            generate() with no logits processor but `config`'s
     token_logprobs(policy, seqs, temperature)        -> (logprobs, values, entropy or None), (N, T)
 """
 
@@ -171,6 +172,22 @@ class TargetLogProb(torch.autograd.Function):
         return grad_hidden, None, None, None
 
 
+def plain_generate(lm, input_ids, attention_mask, config: GenerationConfig) -> torch.Tensor:
+    """lm.generate(...) with `config` alone deciding the distribution. generate() fills every
+    field of `config` left at None from the model's own generation_config (transformers'
+    _prepare_generation_config), then from transformers' defaults: a hub model whose config
+    sets repetition_penalty, min_p, typical_p or no_repeat_ngram_size would otherwise sample
+    from another distribution than the one whose log-probs PPO uses. So the model's
+    generation_config is set aside for the call; transformers' defaults switch every logits
+    processor off except top_k (50), which a sampling `config` must set (to 0) itself."""
+    own = lm.generation_config
+    lm.generation_config = GenerationConfig()
+    try:
+        return lm.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+    finally:
+        lm.generation_config = own
+
+
 @torch.no_grad()
 def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, max_new_tokens: int,
                       temperature: float, seed: int, batch_size: int = 16, progress: bool = True) -> Rollouts:
@@ -187,7 +204,8 @@ def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, 
     prompt_mask = prompt_mask.repeat_interleave(n_samples, 0).to(device)      # (N, P)
     N, P = prompt_ids.shape
     # Our choice: plain temperature sampling (no top-k/top-p), so pi_old is exactly the
-    # distribution the tokens came from; the model's own generation_config is not used.
+    # distribution the tokens came from (plain_generate keeps the model's own
+    # generation_config, e.g. a repetition_penalty, out of it).
     gen_config = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
                                   max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad)
     generated = []
@@ -195,8 +213,7 @@ def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, 
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         for s in tqdm(range(0, N, batch_size), desc="sampling", unit="batch", disable=not progress, leave=False):
-            out = policy.lm.generate(input_ids=prompt_ids[s:s + batch_size], attention_mask=prompt_mask[s:s + batch_size],
-                                     generation_config=gen_config)
+            out = plain_generate(policy.lm, prompt_ids[s:s + batch_size], prompt_mask[s:s + batch_size], gen_config)
             generated += list(out[:, P:].cpu())
     T = max(1, max(len(g) for g in generated))
     response_ids = torch.full((N, T), pad, dtype=torch.long)

@@ -48,7 +48,8 @@ from influence import (binary_filter, episode_gradients, filter_and_reweight, in
                        random_filter, sft_nll, validation_gradient)
 from model import (OFFLINE_DEFAULT, ModelInfo, inspect_model, load_adapter, load_policy, load_reference_adapter,
                    save_adapter)
-from ppo import clip_fraction, gae, kl_penalized_rewards, masked_mean, policy_loss, value_loss, whiten
+from ppo import (approx_kl, clip_fraction, explained_variance, gae, kl_penalized_rewards, masked_mean, policy_loss,
+                 value_loss, whiten)
 from report import write_plots, write_report
 from reward import ARITH_DIGITS, ARITH_TERMS, TASKS, extract_answer, is_correct, load_task, make_prompt, reward_fn
 from rollout import encode_pairs, generate_rollouts, token_logprobs
@@ -85,15 +86,27 @@ class Config:
     ppo_epochs: int = flag(2, "passes over the kept episodes per iteration")
     minibatch_size: int = flag(16, "episodes per optimizer step")
     micro_batch_size: int = flag(4, "episodes per forward/backward (memory only; does not change the math)")
-    lr: float = flag(5e-5, "AdamW learning rate for LoRA and value head")
+    lr: float = flag(5e-5, "AdamW learning rate for the LoRA adapters")
+    # Our choice: the value head has a learning rate of its own. It starts at V = 0 and must
+    # catch up with the returns within a few iterations to be of use as a baseline; at the
+    # LoRA rate (5e-5) it took tens of iterations (README, "Seeing PPO learn").
+    value_lr: float = flag(1e-3, "AdamW learning rate for the value head")
     max_grad_norm: float = flag(1.0, "gradient clipping (global L2 norm)")
     clip_eps: float = flag(0.2, "PPO ratio clip epsilon")
-    value_clip_eps: float = flag(0.2, "value clip epsilon")
+    # Our choice: no value clipping by default. With rewards in [0, 1] a clip of 0.2 lets V
+    # move at most 0.2 towards a return per iteration, which holds back a fresh critic.
+    value_clip_eps: float = flag(0.0, "value clip epsilon (0: no clipping)")
     vf_coef: float = flag(0.1, "value-loss coefficient c_v")
     ent_coef: float = flag(0.0, "entropy bonus coefficient c_e")
     kl_beta: float = flag(0.05, "per-token KL penalty beta against the reference policy")
     gamma: float = flag(1.0, "discount")
-    lam: float = flag(0.95, "GAE lambda")
+    # Our choice: lambda 1. The reward comes at the last token only; with lambda 0.95 the
+    # advantage of token t is about 0.95^(L-1-t) x the reward while V is still near 0, so the
+    # first tokens of a long answer get almost no credit. With gamma = lambda = 1,
+    # A_t = R - V(s_t): every token sees the episode's outcome, relative to the critic.
+    lam: float = flag(1.0, "GAE lambda")
+    adv_std_floor: float = flag(0.1, "advantages are divided by max(std, this) when whitened: a batch with "
+                                "(almost) equal rewards keeps small advantages (0: plain whitening)")
     truncation_penalty: float = flag(0.0, "subtracted from the reward of a response cut off at --max-new-tokens")
     # influence
     val_size: int = flag(32, "validation set for g_val: the last K rows of the training split (never trained on)")
@@ -108,6 +121,8 @@ class Config:
     # evaluation, output, reproducibility
     eval_every: int = flag(10, "greedy exact-match evaluation every K iterations, before the first and after the last (0 = off)")
     eval_limit: int = flag(50, "evaluate on the first K problems of the test split")
+    eval_split: str = flag("test", "what --eval-every evaluates: test (the test split) or val (the validation rows, "
+                           "for tuning settings without looking at the test split)", choices=("test", "val"))
     eval_max_new_tokens: int = flag(256, "response length limit for evaluation")
     run_dir: str = flag("", "where to write the run (default runs/<date>-<time>-ppo-influence, -ppo-plain or -sft)")
     resume: str = flag("", "continue the run in this directory from its latest checkpoint")
@@ -131,9 +146,10 @@ class Config:
                      "ppo_epochs", "minibatch_size", "micro_batch_size", "val_size", "val_batch_size",
                      "sft_batch_size", "lora_rank", "eval_limit", "eval_max_new_tokens", "keep_checkpoints"):
             need(getattr(self, name) > 0, name, "must be a positive integer")
-        for name in ("temperature", "lr", "clip_eps", "value_clip_eps", "lora_alpha", "max_grad_norm"):
+        for name in ("temperature", "lr", "value_lr", "clip_eps", "lora_alpha", "max_grad_norm"):
             need(getattr(self, name) > 0, name, "must be > 0")
-        for name in ("vf_coef", "ent_coef", "kl_beta", "truncation_penalty", "eval_every"):
+        for name in ("vf_coef", "ent_coef", "kl_beta", "truncation_penalty", "eval_every", "value_clip_eps",
+                     "adv_std_floor"):
             need(getattr(self, name) >= 0, name, "must be >= 0")
         need(0 <= self.gamma <= 1, "gamma", "must be in [0, 1]")
         need(0 <= self.lam <= 1, "lam", "must be in [0, 1]")
@@ -279,6 +295,14 @@ class Timer:
         self.seconds[name] = self.seconds.get(name, 0.0) + time.time() - t0
 
 
+def make_optimizer(cfg: Config, policy) -> torch.optim.AdamW:
+    """AdamW without weight decay: the LoRA tensors at --lr, the value head at --value-lr."""
+    value_head = list(policy.value_head.parameters())
+    lora = [p for p in policy.parameters() if p.requires_grad and all(p is not v for v in value_head)]
+    return torch.optim.AdamW([{"params": lora, "lr": cfg.lr}, {"params": value_head, "lr": cfg.value_lr}],
+                             weight_decay=0.0)
+
+
 def chunks(index: torch.Tensor, size: int):
     return [index[s:s + size] for s in range(0, len(index), size)]
 
@@ -338,7 +362,7 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         require_finite(it, "reward", scores=scores)
 
     with timer("advantages"):
-        advantages, returns, kl = compute_advantages(cfg, rollouts, scores, dist)        # (N, T) each
+        advantages, returns, kl, critic = compute_advantages(cfg, rollouts, scores, dist)  # (N, T) each
 
     with timer("influence"):
         keep, weights, influence = select_episodes(it, cfg, policy, rollouts, advantages, val_seqs, dist)
@@ -350,7 +374,8 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         else:
             update = {"skipped": True}
 
-    return iteration_records(it, cfg, examples, rollouts, scores, kl, keep, weights, n_kept, influence, update, dist)
+    return iteration_records(it, cfg, examples, rollouts, scores, kl, keep, weights, n_kept, influence | critic,
+                             update, dist)
 
 
 def iteration_records(it, cfg: Config, examples, rollouts, scores, kl, keep, weights, n_kept: int, influence: dict,
@@ -391,11 +416,17 @@ def iteration_records(it, cfg: Config, examples, rollouts, scores, kl, keep, wei
 def compute_advantages(cfg: Config, rollouts, scores: torch.Tensor, dist: Dist = SINGLE):
     """r_t = -beta (log pi_old - log pi_ref) + score at the last token (ppo.kl_penalized_rewards);
     A_t, R_t = GAE(gamma, lambda) (ppo.gae); A whitened over the response tokens of the whole
-    batch, all ranks' (ppo.whiten). Returns (advantages, returns, kl), each (N, T)."""
+    batch, all ranks', its std floored at --adv-std-floor (ppo.whiten). Returns (advantages,
+    returns, kl), each (N, T), and the critic's health: the mean advantage before whitening
+    (over all response tokens) and the explained variance of V_old against the returns."""
     mask = rollouts.response_mask
     rewards, kl = kl_penalized_rewards(scores, rollouts.old_logprobs, rollouts.ref_logprobs, mask, cfg.kl_beta)
     advantages, returns = gae(rewards, rollouts.values, mask, cfg.gamma, cfg.lam)
-    return whiten(advantages, mask, reduce_sum=dist.sum), returns, kl
+    n_tokens = dist.sum(mask.sum()).clamp(min=1.0)
+    ev = explained_variance(rollouts.values, returns, mask, reduce_sum=dist.sum)
+    critic = {"advantage_mean": (dist.sum((advantages * mask).sum()) / n_tokens).item(),
+              "explained_variance": None if math.isnan(ev) else ev}     # None: the returns did not vary
+    return whiten(advantages, mask, reduce_sum=dist.sum, std_floor=cfg.adv_std_floor), returns, kl, critic
 
 
 def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs, dist: Dist = SINGLE):
@@ -450,10 +481,15 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
     n_minibatches = math.ceil(len(kept_all) / cfg.minibatch_size)
     generator = torch.Generator().manual_seed(derived_seed(cfg.seed, it, MINIBATCHES))
     params = [p for p in policy.parameters() if p.requires_grad]
-    sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "visits": 0.0}
+    sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0,
+            "visits": 0.0}
+    # pi_theta / pi_old over the tokens of the first minibatch, before any step: 1 up to rounding
+    # (anything else means the old log-probs are not those of the policy being updated).
+    first_ratio = torch.zeros(3, dtype=torch.float64, device=device)          # sum, count, max
     steps = [(e, mb) for e in range(cfg.ppo_epochs)
              for mb in kept_all[torch.randperm(len(kept_all), generator=generator)].tensor_split(n_minibatches)]
-    for epoch, global_minibatch in tqdm(steps, desc="updating", unit="step", disable=not cfg.progress, leave=False):
+    for step, (epoch, global_minibatch) in enumerate(tqdm(steps, desc="updating", unit="step",
+                                                          disable=not cfg.progress, leave=False)):
         optimizer.zero_grad(set_to_none=True)
         size = len(global_minibatch)                                                     # |M|, all ranks
         mine = global_minibatch[(global_minibatch >= first) & (global_minibatch < first + len(keep))]
@@ -471,13 +507,23 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
             sums["value_loss"] += vf.sum().item()
             sums["entropy"] += ent.sum().item()
             sums["clip_fraction"] += clip_fraction(logprobs, part.old_logprobs, part.response_mask, cfg.clip_eps).sum().item()
+            sums["approx_kl"] += approx_kl(logprobs.detach(), part.old_logprobs, part.response_mask).sum().item()
             sums["visits"] += len(micro)
+            if step == 0:
+                ratio = torch.exp(logprobs.detach() - part.old_logprobs)[part.response_mask.bool()]
+                first_ratio[0] += ratio.sum().item()
+                first_ratio[1] += ratio.numel()
+                first_ratio[2] = max(first_ratio[2].item(), ratio.max().item() if ratio.numel() else 0.0)
         dist.sum_grads(params)
         clip_and_step(it, cfg, policy, optimizer)
     # Reported: unweighted means over every episode visit of every epoch, all ranks.
     total = dict(zip(sums, dist.sum(torch.tensor(list(sums.values()), dtype=torch.float64, device=device)).tolist()))
     visits = total.pop("visits")
-    return {k: v / visits for k, v in total.items()} | {"optimizer_steps": len(steps)}
+    ratio_sum, ratio_count = dist.sum(first_ratio[:2]).tolist()
+    ratio_max = dist.cat(first_ratio[2:]).max().item()                       # max over ranks
+    return {k: v / visits for k, v in total.items()} | {
+        "optimizer_steps": len(steps), "ratio_first_mean": ratio_sum / max(ratio_count, 1.0),
+        "ratio_first_max": ratio_max}
 
 
 def clip_and_step(it: int, cfg: Config, policy, optimizer) -> None:
@@ -787,7 +833,9 @@ def log_line(it: int, cfg: Config, m: dict, seconds: dict) -> str:
         body += f" | kl {m['kl']:.4f}"
         if not m.get("skipped"):
             body += (f" pg {m['policy_loss']:+.4f} vf {m['value_loss']:.4f} ent {m['entropy']:.3f} "
-                     f"clip {m['clip_fraction']:.3f}")
+                     f"clip {m['clip_fraction']:.3f} akl {m['approx_kl']:.4f} ratio0 {m['ratio_first_max']:.3f}")
+        ev = m["explained_variance"]
+        body += f" | adv {m['advantage_mean']:+.3f} ev " + ("n/a" if ev is None else f"{ev:+.2f}")
     line = f"[it {it + 1:>3}/{cfg.iterations}] {body} | s: {phases}"
     if m.get("warnings"):
         line += f" | warnings: {','.join(m['warnings'])}"
@@ -846,14 +894,15 @@ def main(argv=None) -> Path:
     policy, tokenizer = load_policy(cfg.model, device=cfg.device, lora_targets=cfg.targets(),
                                     lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                                     trust_remote_code=cfg.trust_remote_code, quiet=not dist.is_main)
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
+    optimizer = make_optimizer(cfg, policy)
 
     # Our choice: the validation set is the last val_size rows of the training split, the same
     # for every seed, and never used as a training prompt.
     train_examples, val_examples = train_task.examples[:-cfg.val_size], train_task.examples[-cfg.val_size:]
-    eval_examples = test_task.examples[:cfg.eval_limit]
+    eval_examples = (test_task.examples if cfg.eval_split == "test" else val_examples)[:cfg.eval_limit]
     say(f"[data] train {len(train_examples)} + validation {len(val_examples)} rows from {train_task.source}; "
-        f"eval {len(eval_examples)} rows from {test_task.source}", file=sys.stderr)
+        f"eval {len(eval_examples)} rows from " + (test_task.source if cfg.eval_split == "test" else
+                                                   "the validation rows"), file=sys.stderr)
     val_share = val_examples[slice(*dist.share(len(val_examples)))]   # all of them in one process
     val_seqs = encode_pairs(tokenizer, [make_prompt(e.question, cfg.dataset) for e in val_share],
                             [e.solution for e in val_share], device=policy.device)

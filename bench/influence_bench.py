@@ -162,8 +162,8 @@ def main():
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, device cpu", flush=True)
     for name in args.models.split(","):
         if name == "tiny":
-            from tiny import make_tiny_model_dir
-            source = str(make_tiny_model_dir(Path(tempfile.mkdtemp())))
+            from tiny_world import make_random_model_dir
+            source = str(make_random_model_dir(Path(tempfile.mkdtemp())))
         else:
             source = name
         repeats = args.repeats or (31 if name == "tiny" else 1)

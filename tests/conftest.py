@@ -12,8 +12,8 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    from tiny import make_tiny_model_dir
-    return str(make_tiny_model_dir(tmp_path_factory.mktemp("tiny-gemma3")))
+    from tiny_world import make_random_model_dir
+    return str(make_random_model_dir(tmp_path_factory.mktemp("tiny-gemma3")))
 
 
 @pytest.fixture

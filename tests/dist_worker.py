@@ -44,9 +44,9 @@ def main(model_dir: str, out: str) -> None:
     rollouts, rewards = everything.select(mine), rewards[mine]
     val_mine = val[slice(*dist.share(len(val)))]
     val_seqs = encode_pairs(tok, [make_prompt(e.question) for e in val_mine], [e.solution for e in val_mine])
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
+    optimizer = train.make_optimizer(cfg, policy)
 
-    advantages, returns, _ = train.compute_advantages(cfg, rollouts, rewards, dist)
+    advantages, returns, _, _ = train.compute_advantages(cfg, rollouts, rewards, dist)
     keep, weights, _ = train.select_episodes(0, cfg, policy, rollouts, advantages, val_seqs, dist)
     train.ppo_update(0, cfg, policy, optimizer, rollouts, advantages, returns, keep, weights, dist)
 

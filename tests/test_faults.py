@@ -152,7 +152,7 @@ def check_crashed_run(run_dir, steps_done, reference, tiny_dir):
     if latest:
         from model import load_policy
         policy, _ = load_policy(tiny_dir, quiet=True)
-        optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad])
+        optimizer = train.make_optimizer(train.Config(), policy)
         assert train.load_checkpoint(run_dir, policy, optimizer) == int(latest.name.split("_")[1])
         assert len(optimizer.state) > 0
     train.main(["--resume", str(run_dir), "--no-progress"])

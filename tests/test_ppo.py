@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from ppo import clip_fraction, gae, kl_penalized_rewards, masked_mean, policy_loss, value_loss, whiten
+from ppo import (approx_kl, clip_fraction, explained_variance, gae, kl_penalized_rewards, masked_mean, policy_loss,
+                 value_loss, whiten)
 
 
 def brute_force_gae(rewards, values, length, gamma, lam):
@@ -93,3 +94,59 @@ def test_masked_mean_denominator_is_the_episode_token_count():
     x = torch.tensor([[2.0, 4.0, 9.0], [1.0, 1.0, 1.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     assert masked_mean(x, mask).tolist() == [3.0, 0.0]
+
+
+def test_value_loss_without_clipping():
+    values = torch.tensor([[1.0, 0.0, 7.0]])
+    old = torch.tensor([[0.5, 0.5, 0.0]])
+    returns = torch.tensor([[2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    # t0: (1 - 2)^2 / 2 = 0.5; t1: 0 -> mean 0.25 (a clip of 0.2 would have given 0.445)
+    assert value_loss(values, old, returns, mask, 0.0).tolist() == pytest.approx([0.25])
+
+
+def test_whiten_floor_keeps_a_flat_batch_small():
+    x = torch.tensor([[0.30, 0.31, 0.29], [0.30, 0.30, 0.32]])    # rewards all equal: only value noise
+    mask = torch.ones(2, 3)
+    vals = x.flatten().tolist()
+    mean = sum(vals) / 6
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / 6)
+    assert whiten(x, mask).flatten().tolist() == pytest.approx([(v - mean) / std for v in vals], abs=1e-4)
+    floored = whiten(x, mask, std_floor=0.1).flatten().tolist()
+    assert floored == pytest.approx([(v - mean) / 0.1 for v in vals], abs=1e-5)
+    assert max(abs(v) for v in floored) < 0.2
+    # a batch with a real spread is not touched by the floor
+    y = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    torch.testing.assert_close(whiten(y, mask, std_floor=0.1), whiten(y, mask))
+
+
+def test_approx_kl_against_exact_kl_of_sampled_tokens():
+    """k3 = mean over tokens a ~ pi_old of (r - 1 - log r), r = pi/pi_old: its expectation is
+    KL(pi_old || pi). Checked exactly on enumerated tokens, weighted by pi_old."""
+    old = torch.tensor([0.5, 0.3, 0.2])
+    new = torch.tensor([0.4, 0.4, 0.2])
+    # one "episode" per token of the vocabulary, weighted by its probability under pi_old
+    k3 = approx_kl(new.log()[:, None], old.log()[:, None], torch.ones(3, 1))       # (3,)
+    exact = sum(o * math.log(o / n) for o, n in zip(old.tolist(), new.tolist()))
+    assert float((old * k3).sum()) == pytest.approx(exact, rel=1e-5)
+    assert (k3 >= 0).all()
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    lp, olp = torch.tensor([[-1.0, -2.0, 5.0]]), torch.tensor([[-1.5, -2.0, 0.0]])
+    r = math.exp(0.5)
+    assert approx_kl(lp, olp, mask).tolist() == pytest.approx([(r - 1 - 0.5) / 2])
+
+
+def test_explained_variance_against_numbers():
+    returns = torch.tensor([[1.0, 1.0, 9.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    values = torch.tensor([[0.8, 0.6, 0.0], [0.2, 0.0, 0.0]])
+    r = [1.0, 1.0, 0.0, 0.0]
+    v = [0.8, 0.6, 0.2, 0.0]
+
+    def var(xs):
+        m = sum(xs) / len(xs)
+        return sum((x - m) ** 2 for x in xs) / len(xs)
+    expected = 1 - var([a - b for a, b in zip(r, v)]) / var(r)
+    assert explained_variance(values, returns, mask) == pytest.approx(expected)
+    assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
+    assert math.isnan(explained_variance(values, torch.ones(2, 3), mask))
