@@ -140,8 +140,10 @@ class Policy(nn.Module):
         hidden = lm.config.get_text_config().hidden_size
         device = next(lm.parameters()).device
         self.value_head = nn.Linear(hidden, 1, device=device)
-        # Our choice: the value head starts at V = 0 everywhere, so the first advantages are
-        # the rewards-to-go themselves rather than noise from a random head.
+        # Our choice: the value head starts at V = 0 everywhere, so that with gamma = lambda = 1
+        # (the defaults) the first advantages are the returns themselves rather than noise from a
+        # random head. (With lambda < 1 a zero critic discounts the reward towards the first
+        # tokens instead: lambda^(L-1-t) of it reaches token t.)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 

@@ -7,6 +7,7 @@ are (N,). Every function says over what it averages.
 Public functions:
     kl_penalized_rewards(scores, logprobs, ref_logprobs, mask, beta) -> (rewards, kl)
     gae(rewards, values, mask, gamma, lam)          -> (advantages, returns)   GAE, eq. 11-12
+    group_advantages(scores, groups, eps)           -> (N,) GRPO: (r_i - group mean) / (group std + eps)
     whiten(x, mask, eps, reduce_sum=None, std_floor=0) -> x normalised over all masked tokens
                                                        (reduce_sum: over ranks under torchrun)
     policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps) -> (N,) clipped surrogate
@@ -61,6 +62,20 @@ def gae(rewards, values, mask, gamma: float, lam: float):
         next_value = values[:, t] * mask[:, t]
     returns = (advantages + values) * mask
     return advantages, returns
+
+
+def group_advantages(scores: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO's group-relative advantage (Shao et al. 2024, DeepSeekMath, section 4.1.2, outcome
+    supervision): A_i = (r_i - mean_g r) / (std_g r + eps) over the episodes g of i's prompt, with
+    the population std (denominator |g|). A group whose rewards are all equal gets 0 everywhere;
+    a group of one episode too. scores, groups: (N,) (groups: any integer label per prompt).
+    Returns (N,); the caller gives every token of episode i the advantage A_i."""
+    advantages = torch.zeros_like(scores)
+    for g in groups.unique():
+        members = groups == g
+        r = scores[members]
+        advantages[members] = (r - r.mean()) / (r.std(unbiased=False) + eps)
+    return advantages
 
 
 def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, reduce_sum=None,

@@ -48,8 +48,8 @@ from influence import (binary_filter, episode_gradients, filter_and_reweight, in
                        random_filter, sft_nll, validation_gradient)
 from model import (OFFLINE_DEFAULT, ModelInfo, inspect_model, load_adapter, load_policy, load_reference_adapter,
                    save_adapter)
-from ppo import (approx_kl, clip_fraction, explained_variance, gae, kl_penalized_rewards, masked_mean, policy_loss,
-                 value_loss, whiten)
+from ppo import (approx_kl, clip_fraction, explained_variance, gae, group_advantages, kl_penalized_rewards, masked_mean,
+                 policy_loss, value_loss, whiten)
 from report import write_plots, write_report
 from reward import ARITH_DIGITS, ARITH_TERMS, TASKS, extract_answer, is_correct, load_task, make_prompt, reward_fn
 from rollout import encode_pairs, generate_rollouts, token_logprobs
@@ -105,6 +105,9 @@ class Config:
     # first tokens of a long answer get almost no credit. With gamma = lambda = 1,
     # A_t = R - V(s_t): every token sees the episode's outcome, relative to the critic.
     lam: float = flag(1.0, "GAE lambda")
+    advantage: str = flag("gae", "gae: PPO's per-token advantages from the value head (GAE); grpo: GRPO's "
+                          "(r_i - mean) / (std + eps) over the samples of the same prompt, the same for every "
+                          "token, no value loss", choices=("gae", "grpo"))
     adv_std_floor: float = flag(0.1, "advantages are divided by max(std, this) when whitened: a batch with "
                                 "(almost) equal rewards keeps small advantages (0: plain whitening)")
     truncation_penalty: float = flag(0.0, "subtracted from the reward of a response cut off at --max-new-tokens")
@@ -421,6 +424,14 @@ def compute_advantages(cfg: Config, rollouts, scores: torch.Tensor, dist: Dist =
     (over all response tokens) and the explained variance of V_old against the returns."""
     mask = rollouts.response_mask
     rewards, kl = kl_penalized_rewards(scores, rollouts.old_logprobs, rollouts.ref_logprobs, mask, cfg.kl_beta)
+    if cfg.advantage == "grpo":
+        # Our choice: the KL penalty enters GRPO as the episode's summed per-token reward (the
+        # same total as PPO's), before the group normalisation.
+        group_adv = group_advantages(rewards.sum(-1), torch.as_tensor(rollouts.prompt_index, device=mask.device))
+        advantages = group_adv[:, None] * mask                                              # (N, T)
+        n_tokens = dist.sum(mask.sum()).clamp(min=1.0)
+        return advantages, torch.zeros_like(mask), kl, {
+            "advantage_mean": (dist.sum(advantages.sum()) / n_tokens).item(), "explained_variance": None}
     advantages, returns = gae(rewards, rollouts.values, mask, cfg.gamma, cfg.lam)
     n_tokens = dist.sum(mask.sum()).clamp(min=1.0)
     ev = explained_variance(rollouts.values, returns, mask, reduce_sum=dist.sum)
@@ -500,7 +511,8 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
             pg = policy_loss(logprobs, part.old_logprobs, advantages[micro], part.response_mask, cfg.clip_eps)  # (n,)
             vf = value_loss(values, part.values, returns[micro], part.response_mask, cfg.value_clip_eps)       # (n,)
             ent = masked_mean(entropy, part.response_mask)                                    # (n,)
-            loss = ((weights[micro] * pg).sum() + cfg.vf_coef * vf.sum() - cfg.ent_coef * ent.sum()) / size
+            vf_coef = cfg.vf_coef if cfg.advantage == "gae" else 0.0                      # GRPO: no critic
+            loss = ((weights[micro] * pg).sum() + vf_coef * vf.sum() - cfg.ent_coef * ent.sum()) / size
             require_finite(it, f"update, epoch {epoch + 1}", loss=loss)
             loss.backward()
             sums["policy_loss"] += pg.sum().item()

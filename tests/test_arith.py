@@ -114,7 +114,7 @@ def test_wrong_and_missing_answers_earn_nothing():
     assert reward_fn("I am not sure.", e.gold, "arith") == 0.0
     assert reward_fn(f"#### {int(e.gold) + 10}", e.gold, "arith") == 0.0
     prompt = make_prompt(e.question, "arith")
-    assert e.question in prompt and "'#### <number>'" in prompt and prompt.endswith("Answer:")
+    assert prompt == f"Question: {e.question}\nAnswer:"   # no instruction: the tiny world is trained on this
 
 
 @pytest.mark.parametrize("digits,terms", [(1, 2), (2, 2), (3, 3), (5, 2), (2, 6), (12, 8)])

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from ppo import (approx_kl, clip_fraction, explained_variance, gae, kl_penalized_rewards, masked_mean, policy_loss,
-                 value_loss, whiten)
+from ppo import (approx_kl, clip_fraction, explained_variance, gae, group_advantages, kl_penalized_rewards,
+                 masked_mean, policy_loss, value_loss, whiten)
 
 
 def brute_force_gae(rewards, values, length, gamma, lam):
@@ -150,3 +150,12 @@ def test_explained_variance_against_numbers():
     assert explained_variance(values, returns, mask) == pytest.approx(expected)
     assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
     assert math.isnan(explained_variance(values, torch.ones(2, 3), mask))
+
+
+def test_group_advantages_hand_worked():
+    """Groups of sizes 3, 2, 1 and 2 (one all-equal): (r - group mean) / (population std + eps)."""
+    scores = torch.tensor([1.0, 0.0, 0.0, 0.5, 0.5, 1.0, 0.0, 1.0])
+    groups = torch.tensor([7, 7, 7, 2, 2, 9, 4, 4])
+    std = math.sqrt(2 / 9)                                     # of [1, 0, 0]: mean 1/3
+    expected = [(2 / 3) / std, -(1 / 3) / std, -(1 / 3) / std, 0.0, 0.0, 0.0, -1.0, 1.0]
+    assert group_advantages(scores, groups, eps=0.0 + 1e-12).tolist() == pytest.approx(expected, abs=1e-6)
