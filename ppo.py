@@ -87,12 +87,18 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, reduce_sum=No
     noise into full-size steps. `reduce_sum`, if given, is applied to each sum (the token count
     included) before it is used: under torchrun it sums over ranks, so the statistics are those
     of the whole batch."""
+    mean, var = batch_mean_var(x, mask, reduce_sum)
+    std = torch.sqrt(var + eps).clamp(min=std_floor)
+    return (x - mean) / std * mask
+
+
+def batch_mean_var(x: torch.Tensor, mask: torch.Tensor, reduce_sum=None):
+    """Mean and biased variance of x over all masked tokens of all episodes (scalars);
+    `reduce_sum` as in whiten."""
     total = reduce_sum or (lambda t: t)
     n = total(mask.sum()).clamp(min=1.0)
     mean = total((x * mask).sum()) / n
-    var = total((((x - mean) * mask) ** 2).sum()) / n
-    std = torch.sqrt(var + eps).clamp(min=std_floor)
-    return (x - mean) / std * mask
+    return mean, total((((x - mean) * mask) ** 2).sum()) / n
 
 
 def policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float) -> torch.Tensor:
@@ -135,14 +141,8 @@ def explained_variance(values, returns, mask, reduce_sum=None) -> float:
     """1 - Var(R - V) / Var(R) over all masked tokens of all episodes (biased variances): 1 when
     the value head predicts the returns, 0 when it does no better than their mean, negative when
     worse. nan when the returns do not vary. `reduce_sum` as in whiten."""
-    total = reduce_sum or (lambda t: t)
-    n = total(mask.sum()).clamp(min=1.0)
-
-    def variance(x):
-        mean = total((x * mask).sum()) / n
-        return total((((x - mean) * mask) ** 2).sum()) / n
-
-    var_returns = variance(returns)
+    _, var_returns = batch_mean_var(returns, mask, reduce_sum)
     if float(var_returns) == 0.0:
         return float("nan")
-    return float(1.0 - variance(returns - values) / var_returns)
+    _, var_error = batch_mean_var(returns - values, mask, reduce_sum)
+    return float(1.0 - var_error / var_returns)

@@ -132,7 +132,9 @@ def sft_batch(tokenizer, examples) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def greedy_accuracy(lm, tokenizer, examples, max_new_tokens: int = STOP_TOKENS, batch_size: int = 100) -> float:
-    """Share of `examples` whose greedy answer is correct (the build's stop rule)."""
+    """Share of `examples` whose greedy answer is correct (the build's stop rule). A few lines
+    of its own rather than evaluate.evaluate, which works on a Policy and would make model.py,
+    which imports this file, import itself."""
     from transformers import GenerationConfig
 
     config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,

@@ -422,23 +422,26 @@ def compute_advantages(cfg: Config, rollouts, scores: torch.Tensor, dist: Dist =
     A_t, R_t = GAE(gamma, lambda) (ppo.gae); A whitened over the response tokens of the whole
     batch, all ranks', its std floored at --adv-std-floor (ppo.whiten). Returns (advantages,
     returns, kl), each (N, T), and the critic's health: the mean advantage before whitening
-    (over all response tokens) and the explained variance of V_old against the returns."""
+    (over all response tokens) and the explained variance of V_old against the returns.
+    With --advantage grpo: ppo.group_advantages of the episodes' summed rewards on every token,
+    not whitened, no returns (zeros) and no critic."""
     mask = rollouts.response_mask
     rewards, kl = kl_penalized_rewards(scores, rollouts.old_logprobs, rollouts.ref_logprobs, mask, cfg.kl_beta)
     if cfg.advantage == "grpo":
         # Our choice: the KL penalty enters GRPO as the episode's summed per-token reward (the
         # same total as PPO's), before the group normalisation.
         group_adv = group_advantages(rewards.sum(-1), torch.as_tensor(rollouts.prompt_index, device=mask.device))
-        advantages = group_adv[:, None] * mask                                              # (N, T)
-        n_tokens = dist.sum(mask.sum()).clamp(min=1.0)
-        return advantages, torch.zeros_like(mask), kl, {
-            "advantage_mean": (dist.sum(advantages.sum()) / n_tokens).item(), "explained_variance": None}
-    advantages, returns = gae(rewards, rollouts.values, mask, cfg.gamma, cfg.lam)
+        advantages, returns = group_adv[:, None] * mask, torch.zeros_like(mask)              # (N, T)
+        ev = float("nan")                                                                 # no critic
+    else:
+        advantages, returns = gae(rewards, rollouts.values, mask, cfg.gamma, cfg.lam)
+        ev = explained_variance(rollouts.values, returns, mask, reduce_sum=dist.sum)
     n_tokens = dist.sum(mask.sum()).clamp(min=1.0)
-    ev = explained_variance(rollouts.values, returns, mask, reduce_sum=dist.sum)
     critic = {"advantage_mean": (dist.sum((advantages * mask).sum()) / n_tokens).item(),
-              "explained_variance": None if math.isnan(ev) else ev}     # None: the returns did not vary
-    return whiten(advantages, mask, reduce_sum=dist.sum, std_floor=cfg.adv_std_floor), returns, kl, critic
+              "explained_variance": None if math.isnan(ev) else ev}     # None: no critic, or constant returns
+    if cfg.advantage == "gae":
+        advantages = whiten(advantages, mask, reduce_sum=dist.sum, std_floor=cfg.adv_std_floor)
+    return advantages, returns, kl, critic
 
 
 def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs, dist: Dist = SINGLE):
@@ -497,7 +500,7 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
             "visits": 0.0}
     # pi_theta / pi_old over the tokens of the first minibatch, before any step: 1 up to rounding
     # (anything else means the old log-probs are not those of the policy being updated).
-    first_ratio = torch.zeros(3, dtype=torch.float64, device=device)          # sum, count, max
+    ratio_sum, ratio_count, ratio_max = 0.0, 0.0, 0.0
     steps = [(e, mb) for e in range(cfg.ppo_epochs)
              for mb in kept_all[torch.randperm(len(kept_all), generator=generator)].tensor_split(n_minibatches)]
     for step, (epoch, global_minibatch) in enumerate(tqdm(steps, desc="updating", unit="step",
@@ -524,16 +527,16 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
             sums["visits"] += len(micro)
             if step == 0:
                 ratio = torch.exp(logprobs.detach() - part.old_logprobs)[part.response_mask.bool()]
-                first_ratio[0] += ratio.sum().item()
-                first_ratio[1] += ratio.numel()
-                first_ratio[2] = max(first_ratio[2].item(), ratio.max().item() if ratio.numel() else 0.0)
+                ratio_sum, ratio_count = ratio_sum + ratio.sum().item(), ratio_count + ratio.numel()
+                ratio_max = max(ratio_max, ratio.max().item() if ratio.numel() else 0.0)
         dist.sum_grads(params)
         clip_and_step(it, cfg, policy, optimizer)
     # Reported: unweighted means over every episode visit of every epoch, all ranks.
     total = dict(zip(sums, dist.sum(torch.tensor(list(sums.values()), dtype=torch.float64, device=device)).tolist()))
     visits = total.pop("visits")
-    ratio_sum, ratio_count = dist.sum(first_ratio[:2]).tolist()
-    ratio_max = dist.cat(first_ratio[2:]).max().item()                       # max over ranks
+    as_tensor = lambda *xs: torch.tensor(xs, dtype=torch.float64, device=device)  # noqa: E731
+    ratio_sum, ratio_count = dist.sum(as_tensor(ratio_sum, ratio_count)).tolist()
+    ratio_max = dist.cat(as_tensor(ratio_max)).max().item()                              # over ranks
     return {k: v / visits for k, v in total.items()} | {
         "optimizer_steps": len(steps), "ratio_first_mean": ratio_sum / max(ratio_count, 1.0),
         "ratio_first_max": ratio_max}
