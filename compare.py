@@ -1,47 +1,82 @@
-"""Compare SFT, PPO, I-PPO and the random-filter control over seeds, everything else equal.
+"""Compare the SFT start, PPO, GRPO, I-PPO and its controls over seeds, everything else equal.
 
-The paper's comparison (arXiv 2604.01597): PPO and I-PPO both start from the same SFT
-adapters. For each seed s, with the same train.py flags otherwise:
+The paper's comparison (arXiv 2604.01597), with the statistics a claim needs. Every method runs
+once per seed (and per reward-noise level), with the same train.py flags otherwise, so the
+same number of episodes:
 
-    SFT            train.py --algo sft                      (its adapters start the three below)
-    PPO            train.py --influence off --init-adapter SFT_s
-    I-PPO          train.py --init-adapter SFT_s             (influence on, reweighted: the default)
-    random filter  train.py --random-filter --init-adapter SFT_s   (drops as many episodes as
-                                                                    I-PPO would, at random)
+    SFT start      the policy the others start from: train.py --algo sft (its adapters start
+                   the runs below), or, with --sft-iterations 0, the model itself (e.g. the
+                   tiny world's tiny-arith, which is already a supervised model)
+    ppo            PPO                 train.py --influence off
+    grpo           GRPO                train.py --influence off --advantage grpo
+    ippo           I-PPO               train.py --influence on            (filter + reweight)
+    ippo-binary    I-PPO, binary       train.py --influence on --no-reweight
+    random-filter  random filter       train.py --influence on --random-filter  (drops as many
+                                       episodes as I-PPO would, chosen at random)
+    igrpo          I-GRPO              train.py --influence on --advantage grpo
 
-Each final checkpoint is evaluated with evaluate.evaluate() (em unless --metrics says more) on
-the first --final-limit problems of the test split. Written into --out:
-    compare.md    per method: final accuracy and kept fraction, mean +- std over seeds
-    compare.png   eval accuracy and kept fraction against iteration, mean over seeds
-    results.json  the numbers of every run;  runs/<method>-seed<s>/  the train.py run directories
-A run directory that train.py already started (config.json) is resumed (train.py --resume; with
-no checkpoint yet it starts over), so an interrupted comparison continues where it stopped.
+Each final checkpoint is evaluated by evaluate.py: greedy em on the first --final-limit test
+problems, the sampled metrics of --metrics (maj@k, pass@k) on the first --sampled-limit.
+With --parallel K, the runs and the evaluations go K processes at a time. Written into --out:
+    compare.md           per noise level and method: every final metric as mean +- the
+                         half-width of its 95% t-interval over seeds; the paired difference to
+                         PPO over the same seeds (em) with its interval; kept fraction; training
+                         minutes; with reward noise the detection metrics (flip AUC, the share
+                         of flipped episodes among the dropped and the kept)
+    compare-noise<p>.png eval accuracy against iteration and against training minutes, kept
+                         fraction and seconds per iteration against iteration, flip AUC
+    results.json         the numbers of every run;  runs/<method>-noise<p>-seed<s>/  the runs
+An interrupted comparison continues where it stopped: a started run is resumed (train.py
+--resume), a finished one is left as it is, and a final evaluation already written
+(final_eval.json, final_sampled.json in the run directory; start/ for the model itself) is
+read back.
 
 CLI:
     python compare.py --seeds 0,1 --iterations 20 --out runs/compare [--train-args "--lr 1e-5"]
+    python compare.py --model tiny-arith --dataset arith --sft-iterations 0 --reward-noise 0,0.2 \\
+        --methods ppo,grpo,ippo,ippo-binary,random-filter --seeds 0,1,2,3,4 --parallel 2 ...
+    (bench/tiny_compare.py pins the tiny world's comparison.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import train
-from evaluate import evaluate, load_for_eval, metric_name, parse_metrics
+from evaluate import main as evaluate_main, metric_name, parse_metrics
+from model import model_source
 from reward import load_task
 
-METHODS = {"SFT": None, "PPO": ["--influence", "off"], "I-PPO": [], "random filter": ["--random-filter"]}
+ROOT = Path(__file__).resolve().parent
+# slug: (label, train.py flags). The SFT start is not a run of its own (see the docstring).
+METHODS = {
+    "ppo": ("PPO", ["--influence", "off"]),
+    "grpo": ("GRPO", ["--influence", "off", "--advantage", "grpo"]),
+    "ippo": ("I-PPO", ["--influence", "on"]),
+    "ippo-binary": ("I-PPO, binary filter", ["--influence", "on", "--no-reweight"]),
+    "random-filter": ("random filter", ["--influence", "on", "--random-filter"]),
+    "igrpo": ("I-GRPO", ["--influence", "on", "--advantage", "grpo"]),
+}
+START = "SFT start"
 # train.py flags set through compare.py's own flags (same names, defaults and help as train.py).
 PASSTHROUGH = ("model", "dataset", "data_source", "arith_digits", "arith_terms", "prompts_per_iter",
                "samples_per_prompt", "max_new_tokens", "eval_every", "eval_limit", "eval_max_new_tokens",
                "gen_batch_size", "device", "progress")
 # Flags compare.py sets per run; --train-args may not override them.
 OWNED = ("--algo", "--influence", "--random-filter", "--no-random-filter", "--init-adapter", "--run-dir", "--seed",
-         "--resume", "--iterations")
+         "--resume", "--iterations", "--advantage", "--reweight", "--no-reweight", "--reward-noise")
+# Two-sided 95% Student t quantiles by degrees of freedom (no scipy); 1.96 beyond 30.
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086, 25: 2.060, 30: 2.042}
 
 
 def parse_args(argv=None):
@@ -49,26 +84,46 @@ def parse_args(argv=None):
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     train.add_config_flags(parser, ("iterations", *PASSTHROUGH))
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds; every method runs once per seed")
-    parser.add_argument("--sft-iterations", type=int, default=None, help="SFT batches (None: --iterations)")
+    parser.add_argument("--methods", default="ppo,ippo,random-filter",
+                        help=f"comma-separated, of {', '.join(METHODS)} (the SFT start is always there)")
+    parser.add_argument("--reward-noise", default="0", help="comma-separated train.py --reward-noise levels; every "
+                        "method and seed runs at each")
+    parser.add_argument("--sft-iterations", type=int, default=None,
+                        help="SFT batches (None: --iterations; 0: no SFT stage, the model itself is the start)")
     parser.add_argument("--metrics", default="em", help="final evaluation metrics (see evaluate.py)")
-    parser.add_argument("--final-limit", type=int, default=0, help="final evaluation on the first K test problems (0 = all)")
+    parser.add_argument("--final-limit", type=int, default=0, help="final greedy em on the first K test problems (0 = all)")
+    parser.add_argument("--sampled-limit", type=int, default=None, help="final maj@k / pass@k on the first K test "
+                        "problems (None: --final-limit; 0 = all)")
     parser.add_argument("--train-args", default="", help="more train.py flags for every run, e.g. \"--lr 1e-5 --kl-beta 0.1\"")
+    parser.add_argument("--parallel", type=int, default=1, help="train.py runs at a time, each in a process of its "
+                        "own with the CPU threads split between them (1: in this process)")
     parser.add_argument("--out", default="runs/compare", help="output directory")
     args = parser.parse_args(argv)
     try:
         args.seed_list = [int(s) for s in args.seeds.split(",")]
+        args.noise_list = [float(p) for p in args.reward_noise.split(",")]
     except ValueError:
-        parser.error(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1")
-    if len(set(args.seed_list)) != len(args.seed_list):
-        parser.error(f"--seeds {args.seeds!r}: a seed is repeated")
+        parser.error(f"--seeds {args.seeds!r} / --reward-noise {args.reward_noise!r}: expected comma-separated "
+                     "integers (seeds) and numbers (noise levels), e.g. --seeds 0,1 --reward-noise 0,0.2")
+    for name, values in (("--seeds", args.seed_list), ("--reward-noise", args.noise_list)):
+        if len(set(values)) != len(values):
+            parser.error(f"{name}: a value is repeated")
+    if not all(0 <= p <= 1 for p in args.noise_list):
+        parser.error(f"--reward-noise {args.reward_noise!r}: each level must be a probability in [0, 1]")
+    args.method_list = args.methods.split(",")
+    unknown = [m for m in args.method_list if m not in METHODS]
+    if unknown or len(set(args.method_list)) != len(args.method_list):
+        parser.error(f"--methods {args.methods!r}: each once, of {', '.join(METHODS)}")
     try:
         args.metric_list = parse_metrics(args.metrics)
     except ValueError as err:
         parser.error(f"--metrics: {err}")
     if args.sft_iterations is None:
         args.sft_iterations = args.iterations
-    if args.sft_iterations < 1 or args.final_limit < 0:
-        parser.error("--sft-iterations must be >= 1 and --final-limit >= 0")
+    if args.sampled_limit is None:
+        args.sampled_limit = args.final_limit
+    if min(args.sft_iterations, args.final_limit, args.sampled_limit) < 0 or args.parallel < 1:
+        parser.error("--sft-iterations, --final-limit and --sampled-limit must be >= 0, --parallel >= 1")
     args.extra = shlex.split(args.train_args)
     owned = [a for a in args.extra if a.split("=")[0] in OWNED]
     if owned:
@@ -85,82 +140,288 @@ def train_argv(args) -> list[str]:
     return argv + args.extra
 
 
-def run(run_dir: Path, argv: list[str], iterations: int, progress: bool) -> Path:
-    """train.main with these flags, or resume the run if train.py already started it there (config.json)."""
-    if (run_dir / "config.json").exists():  # started before: resume it (without a checkpoint yet it starts over)
-        print(f"[compare] {run_dir}: resuming (a finished run is left as it is)", file=sys.stderr)
-        return train.main(["--resume", str(run_dir), "--iterations", str(iterations),
-                           "--progress" if progress else "--no-progress"])
-    return train.main([*argv, "--run-dir", str(run_dir)])
+def noise_tag(p: float) -> str:
+    return f"noise{p:g}"
+
+
+def plan(args, out: Path) -> tuple[list[dict], list[dict]]:
+    """The SFT runs (one per seed; none with --sft-iterations 0) and the RL runs (method x noise
+    x seed), each {"method", "seed", "noise", "run_dir", "argv", "iterations"}."""
+    shared = train_argv(args)
+    sft, rl = [], []
+    for seed in args.seed_list:
+        init = []
+        if args.sft_iterations > 0:
+            sft_dir = out / "runs" / f"sft-seed{seed}"
+            sft.append({"method": START, "seed": seed, "noise": None, "run_dir": sft_dir,
+                        "iterations": args.sft_iterations,
+                        "argv": ["--algo", "sft", *shared, "--seed", str(seed)]})
+            init = ["--init-adapter", str(sft_dir)]
+        for noise in args.noise_list:
+            for slug in args.method_list:
+                rl.append({"method": slug, "seed": seed, "noise": noise, "iterations": args.iterations,
+                           "run_dir": out / "runs" / f"{slug}-{noise_tag(noise)}-seed{seed}",
+                           "argv": [*shared, *METHODS[slug][1], "--reward-noise", str(noise), "--seed", str(seed),
+                                    *init]})
+    return sft, rl
+
+
+def finished(job: dict) -> bool:
+    path = job["run_dir"] / "metrics.jsonl"
+    return path.exists() and any(json.loads(l).get("iteration") == job["iterations"]
+                                 for l in path.read_text().splitlines() if l)
+
+
+def train_command(job: dict, progress: bool) -> list[str]:
+    """train.py's flags for this run: a fresh start, or --resume if train.py already started it
+    (config.json; without a checkpoint yet it starts over)."""
+    if (job["run_dir"] / "config.json").exists():
+        return ["--resume", str(job["run_dir"]), "--iterations", str(job["iterations"]),
+                "--progress" if progress else "--no-progress"]
+    return [*job["argv"], "--iterations", str(job["iterations"]), "--run-dir", str(job["run_dir"])]
+
+
+def eval_commands(args, adapter: Path | None, seed: int, where: Path) -> list[tuple[Path, list[str]]]:
+    """evaluate.py's flags for the final evaluation of one policy (adapter None: the model
+    itself), as (output file, flags): greedy em on the first --final-limit test problems, and
+    the sampled metrics (maj@k, pass@k) on the first --sampled-limit, each with the run's seed."""
+    common = ["--model", args.model, "--dataset", args.dataset, "--data-source", args.data_source,
+              "--arith-digits", str(args.arith_digits), "--arith-terms", str(args.arith_terms),
+              "--max-new-tokens", str(args.eval_max_new_tokens), "--batch-size", str(args.gen_batch_size),
+              "--seed", str(seed), "--device", args.device, "--no-progress",
+              *(["--adapter", str(adapter)] if adapter else [])]
+    greedy = [metric_name(m) for m in args.metric_list if m[0] == "em"]
+    sampled = [metric_name(m) for m in args.metric_list if m[0] != "em"]
+    commands = []
+    if greedy:
+        commands.append((where / "final_eval.json", [*common, "--metrics", "em", "--limit", str(args.final_limit)]))
+    if sampled:
+        commands.append((where / "final_sampled.json", [*common, "--metrics", ",".join(sampled),
+                                                        "--limit", str(args.sampled_limit)]))
+    return commands
+
+
+def run_jobs(jobs: list[dict], parallel: int) -> None:
+    """Run each job {"name", "script" (train or evaluate), "argv", "done"} that is not done:
+    with --parallel 1 its main() in this process, else --parallel processes at a time, each
+    on its share of the CPU threads, with its output in <name>.log."""
+    pending = [j for j in jobs if not j["done"]]
+    if len(pending) < len(jobs):
+        print(f"[compare] {len(jobs) - len(pending)} of {len(jobs)} jobs done before, left as they are", file=sys.stderr)
+    mains = {"train": train.main, "evaluate": evaluate_main}
+    if parallel == 1:
+        for j in pending:
+            print(f"[compare] {j['name']}: {j['script']}.py {' '.join(j['argv'])}", file=sys.stderr)
+            mains[j["script"]](j["argv"])
+        return
+    threads = max(1, (os.cpu_count() or 1) // parallel)
+    running = []
+    while pending or running:
+        while pending and len(running) < parallel:
+            j = pending.pop(0)
+            print(f"[compare] {j['name']}: {j['script']}.py {' '.join(j['argv'])} (log: {j['log']})", file=sys.stderr)
+            log = open(j["log"], "a")
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+            running.append((j, subprocess.Popen([sys.executable, str(ROOT / f"{j['script']}.py"), *j["argv"]],
+                                                stdout=log, stderr=subprocess.STDOUT, env=env), log))
+        time.sleep(0.5)
+        for item in list(running):
+            j, proc, log = item
+            if proc.poll() is None:
+                continue
+            running.remove(item)
+            log.close()
+            if proc.returncode != 0:
+                for _, other, _ in running:
+                    other.terminate()
+                raise SystemExit(f"[compare] {j['name']} failed (exit {proc.returncode}); see {j['log']}; "
+                                 "run the same command again to resume")
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
 
 
-def mean_std(values: list[float]) -> str:
-    """'mean ± std' over seeds (sample std, denominator S - 1); the mean alone for one seed."""
+def summarize_run(job: dict, eval_files: list[Path]) -> dict:
+    """What the table and the plots need of one run (eval_files: its final evaluations)."""
+    final = {name: m["value"] for path in eval_files for name, m in json.loads(path.read_text())["metrics"].items()}
+    rows = read_metrics(job["run_dir"]) if job["run_dir"] else []
+    train_s, curve = 0.0, []            # (iteration, training minutes so far, eval accuracy)
+    per_iteration = {}
+    for r in rows:
+        spent = sum(v for k, v in r.get("seconds", {}).items() if k != "eval")
+        train_s += spent
+        if spent:
+            per_iteration[r["iteration"]] = spent
+        if "eval_accuracy" in r:
+            curve.append((r["iteration"], train_s / 60, r["eval_accuracy"]))
+    series = lambda key: {r["iteration"]: r[key] for r in rows if r.get(key) is not None}   # noqa: E731
+    kept = series("kept_fraction")
+    return {"method": job["method"], "seed": job["seed"], "noise": job["noise"],
+            "run_dir": str(job["run_dir"]) if job["run_dir"] else None,
+            "final": final,
+            "train_minutes": train_s / 60, "curve": curve, "seconds": per_iteration,
+            "kept": kept, "kept_fraction": statistics.mean(kept.values()) if kept else None,
+            "weight_ess": series("weight_ess"), "flip_auc": series("flip_auc"), "flipped_share_dropped": series("flipped_share_dropped"),
+            "flipped_share_kept": series("flipped_share_kept")}
+
+
+def interval(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
+    """'mean ± h' with h the half-width of the 95% t-interval over the values; one value: the
+    value alone (no interval)."""
+    values = [v * scale for v in values if v is not None]
     if not values:
         return "n/a"
+    mean = statistics.mean(values)
     if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+        return f"{mean:.{digits}f}"
+    df = len(values) - 1
+    t = T_975.get(df) or (T_975[max(k for k in T_975 if k < df)] if df < 30 else 1.96)
+    return f"{mean:.{digits}f} ± {t * statistics.stdev(values) / len(values) ** 0.5:.{digits}f}"
 
 
-def curve(runs: list[dict], key: str) -> tuple[list[int], list[float]]:
-    """Mean over seeds of `key` at each iteration that every seed logged."""
-    per_seed = [{m["iteration"]: m[key] for m in r["metrics"] if key in m} for r in runs]
-    iterations = sorted(set.intersection(*(set(s) for s in per_seed)))
-    return iterations, [statistics.mean(s[i] for s in per_seed) for i in iterations]
+def label(method: str) -> str:
+    return START if method == START else METHODS[method][0]
 
 
 def write_table(path: Path, results: list[dict], args) -> None:
     names = [metric_name(m) for m in args.metric_list]
     limit = f"first {args.final_limit}" if args.final_limit else "all"
-    lines = [f"# SFT, PPO, I-PPO and the random-filter control on {args.dataset}",
-             "",
-             f"Seeds {args.seeds}; mean ± std over seeds (sample std). Final accuracy: the final checkpoint on "
-             f"the {limit} test problems (evaluate.py: {args.metrics}). Kept fraction: the mean over the run's "
-             "iterations of kept episodes / all episodes (SFT keeps no episodes).",
-             "",
-             "| method | " + " | ".join(f"final {n}" for n in names) + " | kept fraction |",
-             "|---|" + "---|" * len(names) + "---|"]
-    for method in METHODS:
-        runs = [r for r in results if r["method"] == method]
-        cells = [mean_std([r["final"][n] for r in runs]) for n in names]
-        kept = [r["kept_fraction"] for r in runs if r["kept_fraction"] is not None]
-        lines.append(f"| {method} | " + " | ".join(cells) + f" | {mean_std(kept)} |")
-    lines += ["", f"Shared train.py flags: `{' '.join(train_argv(args))}`; PPO methods `--iterations "
-              f"{args.iterations}`, SFT `--iterations {args.sft_iterations}`.", ""]
+    start = "its SFT run's final checkpoint" if args.sft_iterations else f"the model itself ({args.model})"
+    lines = [f"# SFT start, {', '.join(METHODS[m][0] for m in args.method_list)} on {args.dataset}", "",
+             f"Seeds {args.seeds}; every cell is the mean over seeds ± the half-width of its 95% t-interval. "
+             f"Final metrics: the final checkpoint on the {limit} test problems (evaluate.py: {args.metrics}); "
+             f"the SFT start is {start}. em - PPO: the difference to PPO of the same seed, then mean ± interval "
+             "(in points). Kept: the mean over iterations of kept / all episodes; ess: the mean over "
+             "iterations of the effective number of episodes behind an update, (sum w)^2 / sum w^2 (n/a "
+             "without influence, where it is all of them). Training minutes exclude evaluation. With reward noise: flip AUC, the AUC of the influence scores for \"reward not "
+             "flipped\" (0.5 = chance), and the share of flipped episodes among the dropped and the kept "
+             "(means over iterations).", ""]
+    for noise in args.noise_list:
+        lines += [f"## Reward noise {noise:g}", "",
+                  "| method | " + " | ".join(f"final {n}" for n in names) + " | em - PPO (pt) | kept | ess | "
+                  "training min |" + (" flip AUC | flipped among dropped | flipped among kept |" if noise > 0 else ""),
+                  "|---|" + "---|" * (len(names) + 4) + ("---|---|---|" if noise > 0 else "")]
+        ppo = {r["seed"]: r["final"].get("em") for r in results if r["method"] == "ppo" and r["noise"] == noise}
+        for method in [START, *args.method_list]:
+            runs = [r for r in results if r["method"] == method and r["noise"] in (noise, None)]
+            if not runs:
+                continue
+            # The model itself as the start: one evaluation, shown once (no interval over seeds).
+            shown = runs[:1] if method == START and not runs[0]["run_dir"] else runs
+            cells = [interval([r["final"].get(n) for r in shown]) for n in names]
+            diff = [r["final"]["em"] - ppo[r["seed"]] for r in runs if ppo.get(r["seed"]) is not None
+                    and "em" in r["final"]] if method != "ppo" else []
+            row = (f"| {label(method)} | " + " | ".join(cells) + f" | {interval(diff, 100, 1) if diff else '-'} | "
+                   f"{interval([r['kept_fraction'] for r in runs], digits=2)} | "
+                   f"{interval([statistics.mean(r['weight_ess'].values()) if r['weight_ess'] else None for r in runs], digits=0)} | "
+                   f"{interval([r['train_minutes'] for r in runs if r['run_dir']], digits=1)} |")
+            if noise > 0:
+                mean_of = lambda r, key: statistics.mean(r[key].values()) if r[key] else None   # noqa: E731
+                row += "".join(f" {interval([mean_of(r, k) for r in runs], digits=2)} |" for k in
+                               ("flip_auc", "flipped_share_dropped", "flipped_share_kept"))
+            lines.append(row)
+        lines.append("")
+    lines += paired_tables(results, args)
+    lines += [f"Shared train.py flags: `{' '.join(train_argv(args))}`; RL runs `--iterations {args.iterations}`"
+              + (f", SFT `--iterations {args.sft_iterations}`." if args.sft_iterations else "."), ""]
     path.write_text("\n".join(lines))
 
 
-def write_plot(path: Path, results: list[dict]) -> None:
+# (a, b, what a - b measures): the paper's claims as paired contrasts of final em.
+CONTRASTS = (("ippo", "ppo", "I-PPO vs PPO"), ("ippo", "grpo", "I-PPO vs GRPO"),
+             ("ippo", "ippo-binary", "reweighting vs the binary filter (I-PPO minus binary)"),
+             ("ippo", "random-filter", "influence vs the random filter (I-PPO minus random)"),
+             ("ippo-binary", "random-filter", "influence vs random, both unweighted (binary minus random)"),
+             ("igrpo", "grpo", "the filter on GRPO (I-GRPO minus GRPO)"))
+
+
+def paired_tables(results: list[dict], args) -> list[str]:
+    """Final em of a minus b, paired by seed (points, mean ± 95% interval), per noise level; and
+    with more than one noise level, each method's em at every level minus its em without noise."""
+    em = {(r["method"], r["noise"], r["seed"]): r["final"].get("em") for r in results}
+
+    def paired(a, noise_a, b, noise_b):
+        diffs = [100 * (em[a, noise_a, s] - em[b, noise_b, s]) for s in args.seed_list
+                 if em.get((a, noise_a, s)) is not None and em.get((b, noise_b, s)) is not None]
+        return interval(diffs, digits=1) if diffs else "-"
+
+    present = set(args.method_list)
+    rows = [c for c in CONTRASTS if c[0] in present and c[1] in present]
+    lines = []
+    if rows:
+        lines += ["## Paired differences in final em (points: same seed, then mean ± 95% interval)", "",
+                  "| contrast | " + " | ".join(f"noise {p:g}" for p in args.noise_list) + " |",
+                  "|---|" + "---|" * len(args.noise_list)]
+        lines += [f"| {what} | " + " | ".join(paired(a, p, b, p) for p in args.noise_list) + " |" for a, b, what in rows]
+        lines.append("")
+    noisy = [p for p in args.noise_list if p > 0]
+    if noisy and 0 in args.noise_list:
+        lines += ["## What the noise costs: final em at each noise level minus without noise (points, paired by seed)",
+                  "", "| method | " + " | ".join(f"noise {p:g}" for p in noisy) + " |", "|---|" + "---|" * len(noisy)]
+        lines += [f"| {label(m)} | " + " | ".join(paired(m, p, m, 0.0) for p in noisy) + " |" for m in args.method_list]
+        lines.append("")
+    return lines
+
+
+def mean_series(runs: list[dict], pick) -> tuple[list, list]:
+    """Mean over runs of pick(run) -> {x: y}, at the x every run has."""
+    per_run = [pick(r) for r in runs]
+    xs = sorted(set.intersection(*(set(p) for p in per_run))) if per_run else []
+    return xs, [statistics.mean(p[x] for p in per_run) for x in xs]
+
+
+def write_plot(path: Path, results: list[dict], noise: float, methods: list[str]) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
-    fig, (acc_ax, kept_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    for method in METHODS:
-        runs = [r for r in results if r["method"] == method]
-        x, acc = curve(runs, "eval_accuracy")
-        if method == "SFT":  # SFT counts batches, not RL iterations: its last eval is the RL start line
-            if acc:
-                acc_ax.axhline(acc[-1], color="gray", linestyle="--", label="SFT (final)")
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
+    (acc_it, acc_min, kept_ax), (sec_ax, auc_ax, share_ax) = axes
+    for i, method in enumerate(methods):
+        runs = [r for r in results if r["method"] == method and r["noise"] == noise]
+        if not runs:
             continue
-        acc_ax.plot(x, acc, marker="o", label=method)
-        x, kept = curve(runs, "kept_fraction")
-        kept_ax.plot(x, kept, marker=".", label=method)
-    acc_ax.set(xlabel="iteration", ylabel="eval accuracy (greedy em)", title="eval accuracy, mean over seeds")
-    kept_ax.set(xlabel="iteration", ylabel="kept episodes / all", title="kept fraction, mean over seeds", ylim=(0, 1.05))
-    acc_ax.set_ylim(bottom=0)
-    for ax in (acc_ax, kept_ax):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        color, name = f"C{i}", label(method)
+        for r in runs:   # one faint line per seed
+            its, mins, acc = zip(*r["curve"]) if r["curve"] else ((), (), ())
+            acc_it.plot(its, acc, color=color, alpha=0.25, linewidth=0.8)
+            acc_min.plot(mins, acc, color=color, alpha=0.25, linewidth=0.8)
+        x, y = mean_series(runs, lambda r: {c[0]: c[2] for c in r["curve"]})
+        acc_it.plot(x, y, color=color, marker="o", markersize=3, label=f"{name} (mean)")
+        x, y = mean_series(runs, lambda r: {c[0]: c[1] for c in r["curve"]})
+        _, acc = mean_series(runs, lambda r: {c[0]: c[2] for c in r["curve"]})
+        acc_min.plot(y, acc, color=color, marker="o", markersize=3, label=name)
+        for ax, key in ((kept_ax, "kept"), (sec_ax, "seconds"), (auc_ax, "flip_auc")):
+            x, y = mean_series(runs, lambda r: r[key])
+            if x:
+                ax.plot(x, y, color=color, marker=".", label=name)
+        x, y = mean_series(runs, lambda r: r["flipped_share_dropped"])
+        if x:
+            share_ax.plot(x, y, color=color, marker=".", label=f"{name}: among dropped")
+            x, y = mean_series(runs, lambda r: r["flipped_share_kept"])
+            share_ax.plot(x, y, color=color, marker=".", linestyle=":", label=f"{name}: among kept")
+    # Iteration 0 of every curve is the start (train.py evaluates before the first iteration).
+    acc_it.set(xlabel="iteration", ylabel="greedy exact match (eval)", title="eval accuracy (faint: one seed)")
+    acc_min.set(xlabel="training minutes (evaluation excluded)", ylabel="greedy exact match (eval)",
+                title="eval accuracy against training time")
+    kept_ax.set(xlabel="iteration", ylabel="kept / all episodes", title="kept fraction", ylim=(0, 1.05))
+    sec_ax.set(xlabel="iteration", ylabel="seconds", title="training seconds per iteration")
+    auc_ax.set(xlabel="iteration", ylabel="AUC", title="flip AUC: influence scores for 'not flipped'")
+    share_ax.set(xlabel="iteration", ylabel="share flipped", title="flipped episodes among dropped / kept")
+    if noise == 0:
+        for ax in (auc_ax, share_ax):
+            ax.text(0.5, 0.5, "no reward noise", ha="center", va="center", transform=ax.transAxes)
+    else:
+        auc_ax.axhline(0.5, color="k", linestyle="--", linewidth=0.8)
+        share_ax.axhline(noise, color="k", linestyle="--", linewidth=0.8)
+    for ax in axes.flat:
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.suptitle(f"mean over seeds, reward noise {noise:g}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -168,45 +429,35 @@ def main(argv=None) -> Path:
     args = parse_args(argv)
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    shared = train_argv(args)
+    load_task(args.dataset, "test", args.data_source, arith_digits=args.arith_digits,
+              arith_terms=args.arith_terms)                    # first: a data error fails fast
+    if args.parallel > 1:
+        model_source(args.model)   # an offline model is converted or built once, here, not by each process
+    sft, rl = plan(args, out)
+    for runs in (sft, rl):                                      # the RL runs start from the SFT runs
+        run_jobs([{"name": r["run_dir"].name, "script": "train", "argv": train_command(r, args.progress),
+                   "log": f"{r['run_dir']}.log", "done": finished(r)} for r in runs], args.parallel)
 
-    test_examples = load_task(args.dataset, "test", args.data_source, arith_digits=args.arith_digits,
-                              arith_terms=args.arith_terms).examples   # first: a data error fails fast
-    test_examples = test_examples[:args.final_limit] if args.final_limit else test_examples
+    # Final evaluations: the start (the model itself, once, when there is no SFT stage) and
+    # every run's final checkpoint.
+    start = [] if sft else [{"method": START, "seed": None, "noise": None, "run_dir": None}]
+    (out / "start").mkdir(exist_ok=True)
+    targets = [(r, r["run_dir"], r["seed"] or 0, r["run_dir"] or out / "start") for r in start + sft + rl]
+    evals = {id(r): eval_commands(args, adapter, seed, where) for r, adapter, seed, where in targets}
+    run_jobs([{"name": f"{path.parent.name}/{path.name}", "script": "evaluate", "argv": [*argv_, "--out", str(path)],
+               "log": f"{path}.log", "done": path.exists()}
+              for commands in evals.values() for path, argv_ in commands], args.parallel)
+
     results = []
-    for seed in args.seed_list:
-        sft_dir = run(out / "runs" / f"sft-seed{seed}", ["--algo", "sft", *shared, "--seed", str(seed),
-                                                          "--iterations", str(args.sft_iterations)],
-                      args.sft_iterations, args.progress)
-        results.append({"method": "SFT", "seed": seed, "run_dir": str(sft_dir)})
-        for method, flags in METHODS.items():
-            if flags is None:
-                continue
-            slug = method.lower().replace(" ", "-")
-            run_dir = run(out / "runs" / f"{slug}-seed{seed}", [*shared, *flags, "--seed", str(seed),
-                                                                "--iterations", str(args.iterations),
-                                                                "--init-adapter", str(sft_dir)],
-                          args.iterations, args.progress)
-            results.append({"method": method, "seed": seed, "run_dir": str(run_dir)})
-
-    for r in results:
-        print(f"[compare] final evaluation of {r['run_dir']} on {len(test_examples)} problems", file=sys.stderr)
-        policy, tokenizer, _, _ = load_for_eval(args.model, r["run_dir"], args.device)
-        evaluation = evaluate(policy, tokenizer, test_examples, args.dataset, metrics=args.metric_list,
-                              seed=r["seed"], max_new_tokens=args.eval_max_new_tokens,
-                              batch_size=args.gen_batch_size, progress=args.progress)
-        (Path(r["run_dir"]) / "final_eval.json").write_text(json.dumps(evaluation, indent=2))
-        r["final"] = {name: m["value"] for name, m in evaluation["metrics"].items()}
-        r["metrics"] = read_metrics(Path(r["run_dir"]))
-        kept = [m["kept_fraction"] for m in r["metrics"] if "kept_fraction" in m]
-        r["kept_fraction"] = statistics.mean(kept) if kept else None
-
+    for r in start:   # one evaluation serves every seed
+        results += [summarize_run(r | {"seed": s}, [p for p, _ in evals[id(r)]]) for s in args.seed_list]
+    results += [summarize_run(r, [p for p, _ in evals[id(r)]]) for r in sft + rl]
     write_table(out / "compare.md", results, args)
-    write_plot(out / "compare.png", results)
-    (out / "results.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "metrics"} for r in results],
-                                                 indent=2))
+    for noise in args.noise_list:
+        write_plot(out / f"compare-{noise_tag(noise)}.png", results, noise, args.method_list)
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     print((out / "compare.md").read_text())
-    print(f"[compare] wrote {out / 'compare.md'}, {out / 'compare.png'}, {out / 'results.json'}")
+    print(f"[compare] wrote {out / 'compare.md'}, compare-noise*.png and results.json in {out}")
     return out
 
 

@@ -332,7 +332,9 @@ def main(argv=None) -> dict:
                            "samples": result["n_samples"]}
     out = {"config": config, "data_source": task.source, "seconds": seconds} | result
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
+    tmp = Path(f"{args.out}.tmp")          # written whole, then renamed: never a half-written file
+    tmp.write_text(json.dumps(out, indent=2))
+    tmp.replace(args.out)
     label = f"{args.dataset}/{args.split}"
     for name, m in result["metrics"].items():
         print(summary_line(label, name, m, result["n"], result["n_samples"]))

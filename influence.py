@@ -25,6 +25,7 @@ Public functions:
     filter_and_reweight(scores)                  -> (keep (N,) bool, weights (N,))
     binary_filter(scores)                        -> the same filter, every kept weight 1
     random_filter(scores, generator)             -> drop as many as the scores would, at random
+    detection_auc(scores, positive)              -> how well the scores rank the positives first
 """
 
 from __future__ import annotations
@@ -177,3 +178,17 @@ def random_filter(scores: torch.Tensor, generator: torch.Generator):
     keep[chosen] = True
     keep = keep.to(scores.device)
     return keep, keep.to(scores.dtype)
+
+
+def detection_auc(scores: torch.Tensor, positive: torch.Tensor) -> float | None:
+    """The area under the ROC curve of `scores` for telling the `positive` episodes (bool (N,))
+    from the others: the probability that a random positive scores above a random negative,
+    ties counting one half (Mann-Whitney). 1: every positive above every negative; 0.5: no
+    better than chance. None when either class is empty. With planted reward noise the
+    positives are the episodes whose reward was not flipped (train.py --reward-noise)."""
+    pos, neg = scores[positive].double(), scores[~positive].double()
+    if len(pos) == 0 or len(neg) == 0:
+        return None
+    above = (pos[:, None] > neg[None, :]).double().mean()             # every (positive, negative) pair
+    ties = (pos[:, None] == neg[None, :]).double().mean()
+    return (above + 0.5 * ties).item()

@@ -11,6 +11,8 @@ Public functions:
     load_policy(model, ...)        -> (Policy, tokenizer): hub id, local directory, or one of
                                       the offline models "gemma-3-270m" (the default) and
                                       "tiny-arith" (built from scratch, tiny_world.py)
+    model_source(model)            -> where from_pretrained reads `model` (an offline model is
+                                      converted or built, then cached, on first use)
     inspect_model(model, ...)      -> ModelInfo (context length, linear layer names) from the
                                       config alone, so bad flags are refused before the load
     LoRALinear                      a frozen nn.Linear plus a trainable low-rank update
@@ -221,7 +223,7 @@ def _offline_default_dir() -> Path:
     return cached
 
 
-def _model_source(model: str) -> str | Path:
+def model_source(model: str) -> str | Path:
     """Where from_pretrained reads `model`: one of the two offline models (converted or built
     once, then cached), or the id/path itself."""
     if model == OFFLINE_DEFAULT:
@@ -250,7 +252,7 @@ def inspect_model(model: str = OFFLINE_DEFAULT, trust_remote_code: bool = False)
     before the slow load. An id or path that cannot be loaded is refused naming --model."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    source = _model_source(model)
+    source = model_source(model)
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
         with torch.device("meta"):
@@ -273,7 +275,7 @@ def load_policy(model: str = OFFLINE_DEFAULT, *, device: str = "auto", lora_targ
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev, dtype, why = pick_device_and_dtype(device)
-    source = _model_source(model)
+    source = model_source(model)
     if not quiet:
         print(f"[model] {model} on {dev}: {why}", file=sys.stderr)
     t0 = time.time()

@@ -838,8 +838,11 @@ def is_correct(pred: str | None, gold: str, task: str = "gsm8k") -> bool:
 
 
 def reward_fn(completion: str, gold: str, task: str = "gsm8k", truncated: bool = False,
-              truncation_penalty: float = 0.0) -> float:
+              truncation_penalty: float = 0.0, flip: bool = False) -> float:
     """1.0 for a correct final answer, else 0.0; minus `truncation_penalty` if the response
-    hit the token limit before EOS (our choice: a cut-off answer still counts if correct)."""
-    score = 1.0 if is_correct(extract_answer(completion, task), gold, task) else 0.0
+    hit the token limit before EOS (our choice: a cut-off answer still counts if correct).
+    flip: planted reward noise (train.py --reward-noise): a correct answer scores as wrong
+    and a wrong one as right; the truncation penalty is not flipped."""
+    correct = is_correct(extract_answer(completion, task), gold, task)
+    score = 1.0 if correct != flip else 0.0
     return score - (truncation_penalty if truncated else 0.0)

@@ -44,8 +44,8 @@ from tqdm import tqdm
 from distributed import Dist
 from distributed import setup as setup_distributed
 from evaluate import evaluate
-from influence import (binary_filter, episode_gradients, filter_and_reweight, influence_scores, onepass_scores,
-                       random_filter, sft_nll, validation_gradient)
+from influence import (binary_filter, detection_auc, episode_gradients, filter_and_reweight, influence_scores,
+                       onepass_scores, random_filter, sft_nll, validation_gradient)
 from model import (OFFLINE_DEFAULT, ModelInfo, inspect_model, load_adapter, load_policy, load_reference_adapter,
                    save_adapter)
 from ppo import (approx_kl, clip_fraction, explained_variance, gae, group_advantages, kl_penalized_rewards, masked_mean,
@@ -112,6 +112,8 @@ class Config:
     adv_std_floor: float = flag(0.1, "advantages are divided by max(std, this) when whitened: a batch with "
                                 "(almost) equal rewards keeps small advantages (0: plain whitening)")
     truncation_penalty: float = flag(0.0, "subtracted from the reward of a response cut off at --max-new-tokens")
+    reward_noise: float = flag(0.0, "research knob: flip each episode's correctness with this probability before "
+                               "the reward (planted noise; episodes.jsonl records which were flipped)")
     # influence
     val_size: int = flag(32, "validation set for g_val: the last K rows of the training split (never trained on)")
     val_batch_size: int = flag(8, "validation examples per forward/backward for g_val")
@@ -158,6 +160,7 @@ class Config:
         need(0 <= self.gamma <= 1, "gamma", "must be in [0, 1]")
         need(0 <= self.lam <= 1, "lam", "must be in [0, 1]")
         need(0 <= self.stop_below_kept < 1, "stop_below_kept", "must be in [0, 1)")
+        need(0 <= self.reward_noise <= 1, "reward_noise", "must be a probability in [0, 1]")
         need(self.lora_targets.strip() != "", "lora_targets", "must name at least one layer")
         need(all(t.isidentifier() for t in self.targets()), "lora_targets",
              "must be comma-separated layer names such as q_proj,v_proj")
@@ -274,7 +277,15 @@ def derived_seed(seed: int, iteration: int, purpose: int, rank: int = 0) -> int:
 SINGLE = Dist()  # one process: every collective of distributed.py is the identity
 
 
-SAMPLING, FILTER, SHUFFLE, MINIBATCHES = 1, 2, 3, 4
+SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE = 1, 2, 3, 4, 5
+
+
+def planted_flips(cfg: Config, it: int, n: int, rank: int = 0) -> list[bool]:
+    """--reward-noise p: which of the iteration's n episodes have their correctness flipped,
+    each independently with probability p, from a draw of its own (a resumed run flips the
+    same episodes)."""
+    noise = torch.Generator().manual_seed(derived_seed(cfg.seed, it, NOISE, rank))
+    return (torch.rand(n, generator=noise) < cfg.reward_noise).tolist()
 
 
 def batch_indices(n_examples: int, iteration: int, batch: int, seed: int) -> list[int]:
@@ -360,8 +371,10 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
                        values=rollouts.values)
 
     with timer("reward"):
-        scores = torch.tensor([reward_fn(text, gold, cfg.dataset, bool(trunc), cfg.truncation_penalty)
-                               for text, gold, trunc in zip(rollouts.responses, golds, rollouts.truncated)],
+        flipped = planted_flips(cfg, it, len(rollouts), dist.rank)                        # (N,) bools
+        scores = torch.tensor([reward_fn(text, gold, cfg.dataset, bool(trunc), cfg.truncation_penalty, flip)
+                               for text, gold, trunc, flip in zip(rollouts.responses, golds, rollouts.truncated,
+                                                                  flipped)],
                               device=rollouts.response_mask.device)                      # (N,)
         require_finite(it, "reward", scores=scores)
 
@@ -378,12 +391,12 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         else:
             update = {"skipped": True}
 
-    return iteration_records(it, cfg, examples, rollouts, scores, kl, keep, weights, n_kept, influence | critic,
-                             update, dist)
+    return iteration_records(it, cfg, examples, rollouts, scores, flipped, kl, keep, weights, n_kept,
+                             influence | critic, update, dist)
 
 
-def iteration_records(it, cfg: Config, examples, rollouts, scores, kl, keep, weights, n_kept: int, influence: dict,
-                      update: dict, dist: Dist = SINGLE) -> tuple[dict, list]:
+def iteration_records(it, cfg: Config, examples, rollouts, scores, flipped, kl, keep, weights, n_kept: int,
+                      influence: dict, update: dict, dist: Dist = SINGLE) -> tuple[dict, list]:
     """Bookkeeping of ppo_iteration: the metrics of the iteration (means over all ranks'
     episodes, each with its denominator) and one record per episode (all ranks', rank order)."""
     mask = rollouts.response_mask
@@ -407,14 +420,32 @@ def iteration_records(it, cfg: Config, examples, rollouts, scores, kl, keep, wei
         "kl": total["kl"] / max(total["tokens"], 1.0),  # mean over all response tokens
         **{k: v for k, v in influence.items() if k != "scores"}, **update,
     }
+    if cfg.reward_noise > 0:
+        metrics |= noise_metrics(dist.cat(torch.tensor(flipped, dtype=torch.float32, device=mask.device)).bool(),
+                                 dist.cat(keep.float()).bool(),
+                                 dist.cat(torch.tensor(influence["scores"], device=mask.device))
+                                 if "scores" in influence else None)
     if warnings:
         metrics["warnings"] = list(warnings)
     episodes = [{"iteration": it + 1, "prompt": examples[j].question, "gold": golds[i], "response": rollouts.responses[i],
                  "answer": answers[i], "reward": scores[i].item(), "truncated": bool(rollouts.truncated[i]),
                  "score": influence["scores"][i] if "scores" in influence else None,
-                 "kept": bool(keep[i]), "weight": weights[i].item()}
+                 "kept": bool(keep[i]), "weight": weights[i].item(), "flipped": flipped[i]}
                 for i, j in enumerate(rollouts.prompt_index)]
     return metrics, dist.gather_objects(episodes)
+
+
+def noise_metrics(flipped: torch.Tensor, keep: torch.Tensor, scores: torch.Tensor | None) -> dict:
+    """With --reward-noise: the share of flipped rewards, and how well the filter finds them:
+    flip_auc, the AUC of the influence scores for "not flipped" (influence.detection_auc; 0.5 is
+    chance), and the share of flipped episodes among the dropped and among the kept. All (N,)
+    over all ranks' episodes; scores None without influence."""
+    share = lambda sel: flipped[sel].float().mean().item() if bool(sel.any()) else None   # noqa: E731
+    metrics = {"flipped_fraction": flipped.float().mean().item()}
+    if scores is not None:
+        metrics |= {"flip_auc": detection_auc(scores, ~flipped), "flipped_share_dropped": share(~keep),
+                    "flipped_share_kept": share(keep)}
+    return metrics
 
 
 def compute_advantages(cfg: Config, rollouts, scores: torch.Tensor, dist: Dist = SINGLE):
@@ -472,7 +503,10 @@ def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs, dis
     else:
         keep, weights = binary_filter(all_scores)
     mine = slice(dist.offset(N), dist.offset(N) + N)  # this rank's episodes within all_scores
-    return keep[mine], weights[mine], {
+    # The effective number of episodes behind the update (Kish): (sum w)^2 / sum w^2, |D'| when
+    # every kept weight is 1, fewer when a few large scores carry the weight.
+    ess = (weights.sum() ** 2 / (weights ** 2).sum()).item() if bool(keep.any()) else 0.0
+    return keep[mine], weights[mine], {"weight_ess": ess,
         "score_mean": all_scores.mean().item(), "score_min": all_scores.min().item(),
         "score_max": all_scores.max().item(), "positive_fraction": (all_scores > 0).float().mean().item(),
         "g_val_norm": g_val.norm().item(), "scores": scores.tolist()}
@@ -845,13 +879,18 @@ def log_line(it: int, cfg: Config, m: dict, seconds: dict) -> str:
         body = (f"reward {m['reward']:.3f} acc {m['accuracy']:.3f} trunc {m['truncated']:.2f} len {m['response_tokens']:.0f} | "
                 f"kept {m['kept']}/{m['episodes']}")
         if "score_mean" in m:
-            body += f" score {m['score_mean']:+.2e} [{m['score_min']:+.2e}, {m['score_max']:+.2e}]"
+            body += (f" (ess {m['weight_ess']:.0f}) score {m['score_mean']:+.2e} "
+                     f"[{m['score_min']:+.2e}, {m['score_max']:+.2e}]")
         body += f" | kl {m['kl']:.4f}"
         if not m.get("skipped"):
             body += (f" pg {m['policy_loss']:+.4f} vf {m['value_loss']:.4f} ent {m['entropy']:.3f} "
                      f"clip {m['clip_fraction']:.3f} akl {m['approx_kl']:.4f} ratio0 {m['ratio_first_max']:.3f}")
         ev = m["explained_variance"]
         body += f" | adv {m['advantage_mean']:+.3f} ev " + ("n/a" if ev is None else f"{ev:+.2f}")
+        if "flipped_fraction" in m:  # --reward-noise
+            body += f" | flipped {m['flipped_fraction']:.2f}"
+            if m.get("flip_auc") is not None:
+                body += f" auc {m['flip_auc']:.2f}"
     line = f"[it {it + 1:>3}/{cfg.iterations}] {body} | s: {phases}"
     if m.get("warnings"):
         line += f" | warnings: {','.join(m['warnings'])}"

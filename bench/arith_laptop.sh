@@ -34,12 +34,28 @@ done
 python - "$OUT" $SEEDS <<'PY'
 import sys, statistics
 from pathlib import Path
-from compare import read_metrics, write_plot
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from compare import read_metrics
 out, seeds = Path(sys.argv[1]), sys.argv[2:]
 names = {"ppo": "PPO", "ippo": "I-PPO", "random": "random filter"}
 results = [{"method": "SFT", "seed": 0, "metrics": read_metrics(out / "sft")}]
 results += [{"method": names[m], "seed": s, "metrics": read_metrics(out / f"{m}-s{s}")} for m in names for s in seeds]
-write_plot(out / "compare.png", results)
+fig, (acc_ax, kept_ax) = plt.subplots(1, 2, figsize=(11, 4))
+for i, name in enumerate(names.values()):        # one line per seed, a colour per method
+    for r in (r for r in results if r["method"] == name):
+        acc = [(m["iteration"], m["eval_accuracy"]) for m in r["metrics"] if "eval_accuracy" in m]
+        kept = [(m["iteration"], m["kept_fraction"]) for m in r["metrics"] if "kept_fraction" in m]
+        acc_ax.plot(*zip(*acc), color=f"C{i}", marker="o", label=f"{name} seed {r['seed']}")
+        kept_ax.plot(*zip(*kept), color=f"C{i}", marker=".", label=f"{name} seed {r['seed']}")
+acc_ax.set(xlabel="RL iteration", ylabel="eval accuracy (greedy em)")
+kept_ax.set(xlabel="RL iteration", ylabel="kept episodes / all", ylim=(0, 1.05))
+for ax in (acc_ax, kept_ax):
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+fig.tight_layout()
+fig.savefig(out / "compare.png", dpi=120)
 lines = ["| method | seed | eval acc at RL start | final eval acc | mean kept fraction | timed phases, min |", "|---|---|---|---|---|---|"]
 for r in results[1:]:
     evals = [(m["iteration"], m["eval_accuracy"]) for m in r["metrics"] if "eval_accuracy" in m]

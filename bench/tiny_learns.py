@@ -33,7 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # The recipe (chosen on the validation rows; see README "See PPO learn in minutes").
-RECIPE = ["--model", "tiny-arith", "--dataset", "arith", "--iterations", "80", "--prompts-per-iter", "32",
+# 150 iterations: about 12 minutes of training for one run alone on 2 cores. (The first set of
+# runs used 80; PPO seed 1 ended at +14.0 points, short of the 15 asked for, so the budget was
+# raised to what fits in the issue's 15 minutes. Both sets are in the README.)
+ITERATIONS = 150
+BUDGET_MIN = 15   # the question's budget: the table also gives em at the last evaluation within it
+RECIPE = ["--model", "tiny-arith", "--dataset", "arith", "--prompts-per-iter", "32",
           "--samples-per-prompt", "4", "--temperature", "0.5", "--max-new-tokens", "40", "--lr", "1e-3",
           "--kl-beta", "0", "--minibatch-size", "128", "--micro-batch-size", "32", "--gen-batch-size", "64",
           "--eval-every", "10", "--eval-limit", "500", "--eval-max-new-tokens", "40", "--no-progress", "--no-plots"]
@@ -56,12 +61,21 @@ def start_point(out: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def launch(run_dir: Path, argv: list[str], threads: int) -> subprocess.Popen:
-    done = run_dir / "done"
-    if done.exists():
+def completed(run_dir: Path) -> int:
+    """Iterations the run has finished (0 when it has not started)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return max((json.loads(l)["iteration"] for l in path.read_text().splitlines()), default=0)
+
+
+def launch(run_dir: Path, argv: list[str], threads: int, iterations: int) -> subprocess.Popen:
+    if (run_dir / "done").exists() and completed(run_dir) >= iterations:
         return None
     if (run_dir / "config.json").exists():
-        argv = ["--resume", str(run_dir)]
+        # An interrupted run resumes; a finished shorter one is extended (the learning rate is
+        # constant, so going on from its last checkpoint is the same as a longer run).
+        argv = ["--resume", str(run_dir), "--iterations", str(iterations)]
     log = open(run_dir.with_suffix(".log"), "a")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1")
     print(f"[run] {run_dir.name}: train.py {' '.join(argv)}", flush=True)
@@ -69,12 +83,12 @@ def launch(run_dir: Path, argv: list[str], threads: int) -> subprocess.Popen:
                             env=env)
 
 
-def run_all(out: Path, jobs: list[tuple[Path, list[str]]], parallel: int) -> None:
+def run_all(out: Path, jobs: list[tuple[Path, list[str]]], parallel: int, iterations: int) -> None:
     pending, running = list(jobs), []
     while pending or running:
         while pending and len(running) < parallel:
             run_dir, argv = pending.pop(0)
-            proc = launch(run_dir, argv, max(1, (os.cpu_count() or 1) // parallel))
+            proc = launch(run_dir, argv, max(1, (os.cpu_count() or 1) // parallel), iterations)
             if proc is not None:
                 running.append((run_dir, proc))
         time.sleep(2)
@@ -83,7 +97,7 @@ def run_all(out: Path, jobs: list[tuple[Path, list[str]]], parallel: int) -> Non
                 running.remove((run_dir, proc))
                 if proc.returncode != 0:
                     raise SystemExit(f"{run_dir.name} failed (exit {proc.returncode}); see {run_dir.with_suffix('.log')}")
-                (run_dir / "done").write_text("finished\n")
+                (run_dir / "done").write_text(f"finished {completed(run_dir)} iterations\n")
                 print(f"[run] {run_dir.name}: finished", flush=True)
 
 
@@ -96,7 +110,29 @@ def read_run(run_dir: Path) -> dict:
             evals.append((r["iteration"], train_s / 60, r["eval_accuracy"]))
     total_s = sum(sum(r.get("seconds", {}).values()) for r in rows)
     return {"evals": evals, "train_minutes": train_s / 60, "wall_minutes": total_s / 60,
-            "kept": [r["kept_fraction"] for r in rows if "kept_fraction" in r]}
+            "kept": [r["kept_fraction"] for r in rows if "kept_fraction" in r], "filter": what_was_kept(run_dir)}
+
+
+def what_was_kept(run_dir: Path) -> dict | None:
+    """For a run with influence on (episodes.jsonl has scores): the share of rewarded (correct)
+    and unrewarded episodes the filter kept, the rewarded episodes' share of all episodes and of
+    the update's total weight, and the mean over iterations of the kept count and of the
+    effective number of episodes behind the update, (sum w)^2 / sum w^2."""
+    episodes = [json.loads(l) for l in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    if not episodes or episodes[0]["score"] is None:
+        return None
+    share = lambda sel: sum(e["kept"] for e in sel) / max(len(sel), 1)   # noqa: E731
+    right = [e for e in episodes if e["reward"] > 0]
+    wrong = [e for e in episodes if e["reward"] <= 0]
+    by_iteration = {}
+    for e in episodes:
+        by_iteration.setdefault(e["iteration"], []).append(e["weight"])
+    ess = [sum(w) ** 2 / sum(x * x for x in w) if any(w) else 0.0 for w in by_iteration.values()]
+    total = sum(e["weight"] for e in episodes)
+    return {"kept_right": share(right), "kept_wrong": share(wrong), "right": len(right) / len(episodes),
+            "weight_right": sum(e["weight"] for e in right) / total if total else 0.0,
+            "kept": sum(e["kept"] for e in episodes) / len(by_iteration), "ess": sum(ess) / len(ess),
+            "episodes": len(episodes) / len(by_iteration)}
 
 
 T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57}   # Student t quantiles by degrees of freedom
@@ -112,7 +148,7 @@ def mean_interval(values: list[float]) -> str:
     return f"{mean:+.1f} +- {T_975[n - 1] * sd / n ** 0.5:.1f} pt"
 
 
-def summarize(out: Path, start: dict, runs: dict) -> None:
+def summarize(out: Path, start: dict, parallel: int, runs: dict) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -120,15 +156,18 @@ def summarize(out: Path, start: dict, runs: dict) -> None:
     em = start["metrics"]["em"]
     lines = [f"Start (tiny-arith, all {start['n']} test problems): greedy em {em['value']:.3f} +- {em['stderr']:.3f}, "
              f"pass@8 {start['metrics']['pass@8']['value']:.3f}, maj@8 {start['metrics']['maj@8']['value']:.3f}", "",
-             "| critic | method | seed | start em | best em (iteration) | final em | change | training min | wall min |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"| critic | method | seed | start em | best em (iteration) | final em | change | em at {BUDGET_MIN} "
+             "training min (iteration) | change by then | training min | wall min |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (variant, method, seed), r in sorted(runs.items()):
         if not r["evals"]:
             continue
         first, last = r["evals"][0][2], r["evals"][-1][2]
         best = max(r["evals"], key=lambda e: e[2])
+        by_then = [e for e in r["evals"] if e[1] <= BUDGET_MIN][-1]   # the last evaluation within the budget
         lines.append(f"| {LABELS[variant]} | {LABELS[method]} | {seed} | {first:.3f} | {best[2]:.3f} ({best[0]}) | "
-                     f"{last:.3f} | {100 * (last - first):+.1f} pt | {r['train_minutes']:.1f} | {r['wall_minutes']:.1f} |")
+                     f"{last:.3f} | {100 * (last - first):+.1f} pt | {by_then[2]:.3f} ({by_then[0]}) | "
+                     f"{100 * (by_then[2] - first):+.1f} pt | {r['train_minutes']:.1f} | {r['wall_minutes']:.1f} |")
     lines += ["", "Mean change in final greedy em over seeds, with a 95% t-interval (t = 4.30 for 3 seeds):", ""]
     changes = {}
     for (variant, method, seed), r in runs.items():
@@ -142,6 +181,16 @@ def summarize(out: Path, start: dict, runs: dict) -> None:
         paired = [new[s] - old[s] for s in sorted(set(new) & set(old))]
         if paired:
             lines.append(f"- {LABELS[method]}, critic as now minus old critic, paired by seed: {mean_interval(paired)}")
+    kept = [(key, r["filter"]) for key, r in sorted(runs.items()) if r.get("filter")]
+    if kept:
+        lines += ["", "What the influence filter kept (all iterations of the run; rewarded = a correct answer):", "",
+                  "| critic | method | seed | kept of rewarded | kept of unrewarded | rewarded share of episodes | "
+                  "rewarded share of the update's weight | kept per iteration | effective episodes (ess) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for (variant, method, seed), f in kept:
+            lines.append(f"| {LABELS[variant]} | {LABELS[method]} | {seed} | {f['kept_right']:.2f} | "
+                         f"{f['kept_wrong']:.2f} | {f['right']:.2f} | {f['weight_right']:.2f} | "
+                         f"{f['kept']:.1f} of {f['episodes']:.0f} | {f['ess']:.1f} |")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -157,8 +206,8 @@ def summarize(out: Path, start: dict, runs: dict) -> None:
                      linestyle="-" if variant == "new" else ":")
         axes[0].plot(its, acc, **style)
         axes[1].plot(mins, acc, **style)
-    for ax, xlabel in zip(axes, ("iteration (128 episodes each)",
-                                 "training minutes (evaluation excluded; two runs sharing 2 cores)")):
+    sharing = "one run at a time on 2 cores" if parallel == 1 else f"{parallel} runs sharing 2 cores"
+    for ax, xlabel in zip(axes, ("iteration (128 episodes each)", f"training minutes (evaluation excluded; {sharing})")):
         ax.axhline(em["value"], color="k", linewidth=0.8, linestyle="--")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("greedy exact match, 500 arith test problems")
@@ -175,6 +224,8 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--methods", default="ppo,ippo")
     parser.add_argument("--variants", default="new,old")
+    parser.add_argument("--iterations", type=int, default=ITERATIONS, help="iterations per run; a finished "
+                        "run with fewer is extended from its last checkpoint")
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (the cores are split between them)")
     parser.add_argument("--summary-only", action="store_true", help="rebuild summary.md and learning.png from the "
                         "run directories that exist, running nothing")
@@ -191,12 +242,12 @@ def main(argv=None) -> None:
                 run_dir = out / f"{variant}-{method}-s{seed}"
                 if not args.summary_only:
                     run_dir.mkdir(exist_ok=True)
-                jobs.append((run_dir, [*RECIPE, *METHODS[method], *VARIANTS[variant], "--seed", seed,
+                jobs.append((run_dir, [*RECIPE, "--iterations", str(args.iterations), *METHODS[method], *VARIANTS[variant], "--seed", seed,
                                        "--run-dir", str(run_dir)]))
                 keys.append(((variant, method, int(seed)), run_dir))
     if not args.summary_only:
-        run_all(out, jobs, args.parallel)
-    summarize(out, start, {key: read_run(run_dir) for key, run_dir in keys if (run_dir / "metrics.jsonl").exists()})
+        run_all(out, jobs, args.parallel, args.iterations)
+    summarize(out, start, args.parallel, {key: read_run(run_dir) for key, run_dir in keys if (run_dir / "metrics.jsonl").exists()})
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""compare.py on the tiny random Gemma-3: 4 methods x 2 seeds, one iteration each."""
+"""compare.py on the tiny random Gemma-3: methods x seeds x noise levels, one iteration each."""
 import json
 import re
 
@@ -10,49 +10,105 @@ import compare
 # that vary between episodes, so I-PPO keeps some episodes and drops others.
 TINY = ("--val-size 4 --truncation-penalty 1 --minibatch-size 4 --micro-batch-size 2 --sft-batch-size 2 "
         "--lr 1e-2")
+FAST = ["--data-source", "local", "--iterations", "1", "--prompts-per-iter", "2", "--samples-per-prompt", "3",
+        "--max-new-tokens", "8", "--eval-every", "1", "--eval-limit", "2", "--eval-max-new-tokens", "4",
+        "--final-limit", "2", "--no-progress", "--train-args", TINY]
+NUMBER = r"-?\d+\.\d+ ± \d+\.\d+"
 
 
-def test_compare_four_methods_two_seeds(tiny_dir, tmp_path):
-    argv = ["--model", tiny_dir, "--data-source", "local", "--seeds", "0,1", "--iterations", "1",
-            "--prompts-per-iter", "2", "--samples-per-prompt", "3", "--max-new-tokens", "8",
-            "--eval-every", "1", "--eval-limit", "2", "--eval-max-new-tokens", "4", "--final-limit", "2",
-            "--no-progress", "--train-args", TINY, "--out", str(tmp_path / "cmp")]
+def row(table, method, section=None):
+    if section is not None:
+        table = table.split(f"## Reward noise {section}")[1].split("##")[0]
+    found = re.search(rf"^\| {re.escape(method)} \| (.*) \|$", table, re.M)
+    assert found, (method, table)
+    return found.group(1).split(" | ")
+
+
+def test_compare_sft_start_and_four_methods_two_seeds(tiny_dir, tmp_path):
+    argv = ["--model", tiny_dir, "--seeds", "0,1", "--methods", "ppo,grpo,ippo,random-filter", *FAST,
+            "--out", str(tmp_path / "cmp")]
     out = compare.main(argv)
     table = (out / "compare.md").read_text()
-    number = r"\d\.\d{3} ± \d\.\d{3}"
-    for method in ("SFT", "PPO", "I-PPO", "random filter"):
-        row = re.search(rf"^\| {re.escape(method)} \| (.*) \| (.*) \|$", table, re.M)
-        assert row, (method, table)
-        assert re.fullmatch(number, row.group(1)), row.group(0)
-        assert re.fullmatch(number if method != "SFT" else "n/a", row.group(2)), row.group(0)
-    assert "| PPO | " in table and re.search(r"^\| PPO \| .* \| 1\.000 ± 0\.000 \|$", table, re.M)  # PPO keeps all
-    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for method in ("SFT start", "PPO", "GRPO", "I-PPO", "random filter"):
+        em, diff, kept, ess, minutes = row(table, method)
+        assert re.fullmatch(NUMBER, em), (method, em)
+        assert re.fullmatch(NUMBER, diff) if method != "PPO" else diff == "-", (method, diff)
+        assert re.fullmatch(NUMBER if method != "SFT start" else "n/a", kept), (method, kept)
+        assert re.fullmatch(r"\d+ ± \d+" if method in ("I-PPO", "random filter") else "n/a", ess), (method, ess)
+    assert row(table, "PPO")[2] == "1.00 ± 0.00" and row(table, "GRPO")[2] == "1.00 ± 0.00"   # keep all
+    assert (out / "compare-noise0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = json.loads((out / "results.json").read_text())
     assert sorted((r["method"], r["seed"]) for r in results) == sorted(
-        (m, s) for m in ("SFT", "PPO", "I-PPO", "random filter") for s in (0, 1))
+        (m, s) for m in ("SFT start", "ppo", "grpo", "ippo", "random-filter") for s in (0, 1))
     runs = {(r["method"], r["seed"]): r for r in results}
     for seed in (0, 1):
-        sft_dir = runs["SFT", seed]["run_dir"]
-        for method, influence, random_filter in (("PPO", "off", False), ("I-PPO", "on", False),
-                                                 ("random filter", "on", True)):
+        sft_dir = runs["SFT start", seed]["run_dir"]
+        for method, influence, random_filter, advantage in (("ppo", "off", False, "gae"), ("grpo", "off", False, "grpo"),
+                                                            ("ippo", "on", False, "gae"),
+                                                            ("random-filter", "on", True, "gae")):
             config = json.loads(open(f"{runs[method, seed]['run_dir']}/config.json").read())
-            assert (config["influence"], config["random_filter"]) == (influence, random_filter)
+            assert (config["influence"], config["random_filter"], config["advantage"]) == (
+                influence, random_filter, advantage)
             assert config["init_adapter"] == sft_dir and config["seed"] == seed and config["val_size"] == 4
+            assert config["reward_noise"] == 0.0
+        # The paired difference is taken per seed: em of the method minus em of PPO, same seed.
+    diffs = [100 * (runs["ippo", s]["final"]["em"] - runs["ppo", s]["final"]["em"]) for s in (0, 1)]
+    assert row(table, "I-PPO")[1].startswith(f"{sum(diffs) / 2:.1f} ±")
     # The random filter drops as many episodes as influence would, in its first iteration.
-    kept = {m: runs[m, 0]["kept_fraction"] for m in ("I-PPO", "random filter")}
-    assert kept["I-PPO"] == kept["random filter"]
-    # Run again: every run directory is resumed, finished runs are not trained again.
+    assert runs["ippo", 0]["kept_fraction"] == runs["random-filter", 0]["kept_fraction"]
+    # Run again: nothing is trained or evaluated again, the table is the same.
     logs = {r["run_dir"]: open(f"{r['run_dir']}/metrics.jsonl").read() for r in results}
+    evals = {r["run_dir"]: open(f"{r['run_dir']}/final_eval.json").read() for r in results}
     assert compare.main(argv) == out
     assert {d: open(f"{d}/metrics.jsonl").read() for d in logs} == logs
+    assert {d: open(f"{d}/final_eval.json").read() for d in evals} == evals
     assert (out / "compare.md").read_text() == table
+
+
+def test_compare_with_noise_in_subprocesses_from_the_model_itself(tiny_dir, tmp_path):
+    argv = ["--model", tiny_dir, "--seeds", "0,1", "--methods", "ppo,ippo", "--reward-noise", "0.5",
+            "--sft-iterations", "0", "--parallel", "2", *FAST, "--out", str(tmp_path / "cmp")]
+    out = compare.main(argv)
+    table = (out / "compare.md").read_text()
+    results = json.loads((out / "results.json").read_text())
+    assert not list((out / "runs").glob("sft-*")) and (out / "start" / "final_eval.json").exists()
+    assert sorted((r["method"], r["noise"], r["seed"]) for r in results if r["method"] != "SFT start") == sorted(
+        (m, 0.5, s) for m in ("ppo", "ippo") for s in (0, 1))
+    for r in results:
+        if r["run_dir"]:
+            config = json.loads(open(f"{r['run_dir']}/config.json").read())
+            assert config["reward_noise"] == r["noise"] and config["init_adapter"] == ""
+    # The noisy section has the detection columns, filled for I-PPO, n/a for PPO (no scores);
+    # without noise there are none (the first test).
+    ippo = row(table, "I-PPO", "0.5")
+    assert len(ippo) == 8 and re.fullmatch(NUMBER, ippo[5]) and re.fullmatch(NUMBER, ippo[6])
+    assert row(table, "PPO", "0.5")[5:] == ["n/a", "n/a", "n/a"]
+    assert (out / "compare-noise0.5.png").exists()
 
 
 @pytest.mark.parametrize("flags, says", [(["--seeds", "0,x"], "--seeds"), (["--seeds", "1,1"], "--seeds"),
                                          (["--train-args", "--seed 3"], "--train-args"),
                                          (["--train-args", "--influence=off"], "--train-args"),
+                                         (["--train-args", "--reward-noise 0.1"], "--train-args"),
+                                         (["--methods", "ppo,dpo"], "--methods"),
+                                         (["--reward-noise", "0,1.5"], "--reward-noise"),
                                          (["--metrics", "maj@0"], "--metrics")])
 def test_compare_refuses_bad_flags(flags, says, capsys):
     with pytest.raises(SystemExit):
         compare.main(flags)
     assert says in capsys.readouterr().err
+
+
+def test_paired_tables_by_hand():
+    """I-PPO minus PPO per seed and noise level, and what the noise costs each method."""
+    em = {("ppo", 0.0): [0.40, 0.50, 0.45], ("ippo", 0.0): [0.42, 0.50, 0.50],
+          ("ppo", 0.2): [0.30, 0.40, 0.35], ("ippo", 0.2): [0.40, 0.44, 0.46]}
+    results = [{"method": m, "noise": p, "seed": s, "final": {"em": v}} for (m, p), vs in em.items()
+               for s, v in enumerate(vs)]
+    args = compare.parse_args(["--methods", "ppo,ippo", "--seeds", "0,1,2", "--reward-noise", "0,0.2"])
+    lines = compare.paired_tables(results, args)
+    # noise 0: I-PPO - PPO = 2, 0, 5 points: mean 2.333, sd 2.517, t(2) = 4.303 -> half-width 6.25
+    # noise 0.2: 10, 4, 11: mean 8.333, sd 3.786 -> 9.41
+    assert "| I-PPO vs PPO | 2.3 ± 6.3 | 8.3 ± 9.4 |" in lines
+    # the noise costs PPO 10, 10, 10 points (no spread) and I-PPO 2, 6, 4
+    assert "| PPO | -10.0 ± 0.0 |" in lines and "| I-PPO | -4.0 ± 5.0 |" in lines

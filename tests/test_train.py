@@ -52,6 +52,9 @@ def test_two_iterations_of_i_ppo(tiny_dir, tmp_path):
     for e in episodes:
         assert set(e) >= {"prompt", "response", "reward", "score", "kept", "weight", "iteration"}
         assert e["kept"] == (e["score"] > 0) and (e["weight"] > 0) == e["kept"]
+    for r in rows[1:]:   # the effective number of episodes behind the update, from the weights
+        w = [e["weight"] for e in episodes if e["iteration"] == r["iteration"] and e["kept"]]
+        assert r["weight_ess"] == (pytest.approx(sum(w) ** 2 / sum(x * x for x in w)) if w else 0.0)
     config = json.loads((run_dir / "config.json").read_text())
     assert config["influence"] == "on" and config["iterations"] == 2
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "iter_000002"
@@ -78,6 +81,15 @@ def test_ablations_run(tiny_dir, tmp_path, flags):
     else:
         assert {e["weight"] for e in episodes} <= {0.0, 1.0}
         assert row["kept"] == sum(e["score"] > 0 for e in episodes)
+        assert row["weight_ess"] == pytest.approx(row["kept"])          # weights all 1: |D'|
+
+
+def test_i_grpo_filters_on_group_advantages(tiny_dir, tmp_path):
+    run_dir = run(tiny_dir, tmp_path / "r", "--iterations", "1", "--eval-every", "0", "--advantage", "grpo")
+    row = metrics(run_dir)[0]
+    episodes = [json.loads(l) for l in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    assert "score_mean" in row and row["explained_variance"] is None          # influence on, no critic
+    assert row["kept"] == sum(e["kept"] for e in episodes) and all(e["kept"] == (e["score"] > 0) for e in episodes)
 
 
 def test_sft_then_ppo_from_its_adapter(tiny_dir, tmp_path):
