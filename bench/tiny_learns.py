@@ -9,12 +9,16 @@ what the critic changes did. The recipe (RECIPE below) was chosen on the validat
 end of the training split), never on the test split.
 
     python bench/tiny_learns.py                          # everything, resumable
-    python bench/tiny_learns.py --variants new --methods ppo --seeds 0
+    python bench/tiny_learns.py --methods ppo --variants new --parallel 1 --out runs/tiny-learns-150
+                                                         # the README's table: PPO, one run at a time
+    python bench/tiny_learns.py --iterations 80 --out runs/tiny-learns     # the first set
 
 Writes into --out: start.json (the model's starting point on the test split: greedy em and
-pass@8), <variant>-<method>-s<seed>/ (train.py run directories), summary.md (the table) and
-learning.png (eval accuracy against iteration and against training minutes). A run that
-finished is kept; one that was interrupted is resumed; the summary is rebuilt every time.
+pass@8), <variant>-<method>-s<seed>/ (train.py run directories), summary.md (the tables: per
+run the start, best, final em and em within BUDGET_MIN training minutes; means with intervals;
+for I-PPO what its filter kept) and learning.png (eval accuracy against iteration and against
+training minutes). A run that finished is kept (or extended, with a larger --iterations); one
+that was interrupted is resumed; the summary is rebuilt every time.
 Two runs at a time (--parallel 2), one thread each: on 2 cores that finishes the set sooner than one
 run at a time on two threads (measured: 8 s per iteration each vs 4.6 s for one run alone).
 """
@@ -173,9 +177,15 @@ def summarize(out: Path, start: dict, parallel: int, runs: dict) -> None:
     for (variant, method, seed), r in runs.items():
         if r["evals"]:
             changes.setdefault((variant, method), {})[seed] = 100 * (r["evals"][-1][2] - r["evals"][0][2])
+    by_budget = {}
+    for (variant, method, seed), r in runs.items():
+        if r["evals"]:
+            by_then = [e for e in r["evals"] if e[1] <= BUDGET_MIN][-1]
+            by_budget.setdefault((variant, method), []).append(100 * (by_then[2] - r["evals"][0][2]))
     for (variant, method), by_seed in sorted(changes.items()):
         lines.append(f"- {LABELS[method]}, {LABELS[variant]}: {mean_interval(list(by_seed.values()))} "
-                     f"(seeds {sorted(by_seed)})")
+                     f"(seeds {sorted(by_seed)}); at the last evaluation within {BUDGET_MIN} training minutes: "
+                     f"{mean_interval(by_budget[variant, method])}")
     for method in sorted({m for _, m in changes}):
         new, old = changes.get(("new", method), {}), changes.get(("old", method), {})
         paired = [new[s] - old[s] for s in sorted(set(new) & set(old))]
@@ -213,7 +223,10 @@ def summarize(out: Path, start: dict, parallel: int, runs: dict) -> None:
         ax.set_ylabel("greedy exact match, 500 arith test problems")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("tiny-arith: PPO and I-PPO, one line per seed (dashed: the starting model)")
+    axes[1].axvline(BUDGET_MIN, color="k", linewidth=0.8, linestyle=":")
+    shown = sorted({LABELS[m] for _, m, _ in runs})
+    fig.suptitle(f"tiny-arith: {' and '.join(shown)}, one line per seed (dashed: the starting model; "
+                 f"dotted: {BUDGET_MIN} training minutes)")
     fig.tight_layout()
     fig.savefig(out / "learning.png", dpi=110)
 
