@@ -51,9 +51,10 @@ import time
 from pathlib import Path
 
 import train
+from config import add_config_flags
+from data import load_task
 from evaluate import main as evaluate_main, metric_name, parse_metrics
 from model import model_source
-from reward import load_task
 
 ROOT = Path(__file__).resolve().parent
 # slug: (label, train.py flags). The SFT start is not a run of its own (see the docstring).
@@ -82,7 +83,7 @@ T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    train.add_config_flags(parser, ("iterations", *PASSTHROUGH))
+    add_config_flags(parser, ("iterations", *PASSTHROUGH))
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds; every method runs once per seed")
     parser.add_argument("--methods", default="ppo,ippo,random-filter",
                         help=f"comma-separated, of {', '.join(METHODS)} (the SFT start is always there)")

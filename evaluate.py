@@ -37,6 +37,7 @@ import torch
 from tqdm import tqdm
 from transformers import GenerationConfig
 
+import data
 import reward
 from model import OFFLINE_DEFAULT, eos_token_ids, load_adapter, load_policy, read_adapter_config
 from rollout import encode_prompts, plain_generate
@@ -168,7 +169,7 @@ def generate_responses(policy, tokenizer, prompts: list[str], gen_config: Genera
 def evaluate(policy, tokenizer, examples, task: str, *, metrics="em", samples: int | None = None,
              temperature: float = 1.0, seed: int = 0, max_new_tokens: int = 256, batch_size: int = 16,
              progress: bool = True) -> dict:
-    """Evaluate `policy` on `examples` (reward.Example) of `task`.
+    """Evaluate `policy` on `examples` (data.Example) of `task`.
 
     metrics: a string for parse_metrics or its parsed list. em decodes greedily; maj@k and
     pass@k sample `samples` responses per problem (default: the largest k asked; it must be
@@ -192,7 +193,7 @@ def evaluate(policy, tokenizer, examples, task: str, *, metrics="em", samples: i
     if any(name == "em" for name, _ in metrics):
         greedy = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
                                   eos_token_id=eos_token_ids(tokenizer), pad_token_id=tokenizer.pad_token_id)
-        responses = generate_responses(policy, tokenizer, [reward.make_prompt(e.question, task) for e in examples],
+        responses = generate_responses(policy, tokenizer, [data.make_prompt(e.question, task) for e in examples],
                                        greedy, batch_size=batch_size, progress=progress, desc="eval greedy")
         for p, (response, truncated) in zip(predictions, responses):
             pred = reward.extract_answer(response, task)
@@ -205,7 +206,7 @@ def evaluate(policy, tokenizer, examples, task: str, *, metrics="em", samples: i
         sampling = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
                                     max_new_tokens=max_new_tokens, eos_token_id=eos_token_ids(tokenizer),
                                     pad_token_id=tokenizer.pad_token_id)
-        prompts = [reward.make_prompt(e.question, task) for e in examples for _ in range(n_samples)]  # problem-major
+        prompts = [data.make_prompt(e.question, task) for e in examples for _ in range(n_samples)]  # problem-major
         devices = [policy.device] if policy.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
@@ -284,8 +285,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--dataset", default="gsm8k", choices=reward.TASKS, help="task name")
     parser.add_argument("--split", default="test", help="data split")
     parser.add_argument("--data-source", default="auto", choices=["auto", "hub", "local"], help="where to load data from")
-    parser.add_argument("--arith-digits", type=int, default=reward.ARITH_DIGITS, help="--dataset arith: digits per number")
-    parser.add_argument("--arith-terms", type=int, default=reward.ARITH_TERMS, help="--dataset arith: numbers per problem")
+    parser.add_argument("--arith-digits", type=int, default=data.ARITH_DIGITS, help="--dataset arith: digits per number")
+    parser.add_argument("--arith-terms", type=int, default=data.ARITH_TERMS, help="--dataset arith: numbers per problem")
     parser.add_argument("--metrics", default="em", help="comma-separated: em (greedy), maj@K, pass@K (sampled)")
     parser.add_argument("--limit", type=int, default=50, help="evaluate the first K problems (0 = all)")
     parser.add_argument("--samples", type=int, default=None,
@@ -318,7 +319,7 @@ def main(argv=None) -> dict:
     if args.temperature <= 0:
         parser.error(f"--temperature must be > 0 (em is the greedy metric), got {args.temperature}")
 
-    task = reward.load_task(args.dataset, args.split, args.data_source, arith_digits=args.arith_digits,
+    task = data.load_task(args.dataset, args.split, args.data_source, arith_digits=args.arith_digits,
                             arith_terms=args.arith_terms)   # first: a data error fails fast
     policy, tokenizer, model, checkpoint = load_for_eval(args.model, args.adapter, args.device)
     examples = task.examples[:args.limit] if args.limit else task.examples

@@ -5,7 +5,7 @@ The offline Gemma-3-270M generates a few hundred episodes in half an hour on 2 C
 fewer than RL needs to move a model. This file builds a second offline model, `tiny-arith`: the
 same architecture (Gemma3ForCausalLM) at hidden size 128 with 4 layers and a character-level
 tokenizer, trained by full-parameter SFT on the reference solutions of the arith training
-split (reward.generate_arith), and stopped early, while it is still often wrong: RL needs a
+split (data.generate_arith), and stopped early, while it is still often wrong: RL needs a
 model that sometimes finds the right answer when it samples, but not yet when it decodes
 greedily. After the build it is an ordinary model directory: load_policy puts LoRA on it and
 train.py, evaluate.py and compare.py use it like Gemma.
@@ -30,7 +30,6 @@ Public:
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import shutil
@@ -42,7 +41,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from reward import extract_answer, generate_arith, is_correct, make_prompt
+from data import generate_arith, make_prompt
+from reward import extract_answer, is_correct
 
 TINY_MODEL = "tiny-arith"
 

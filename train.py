@@ -7,344 +7,55 @@ Post-Training", arXiv 2604.01597. One iteration (the algorithm box, `ppo_iterati
     reward      score_i = exact match of the final answer                  reward.py
     advantages  r_t = -beta (log pi - log pi_ref) + score at the last token;
                 A_t, R_t = GAE(gamma, lambda); A whitened over tokens       ppo.py
+                (--advantage grpo: (r_i - mean) / std over a prompt's samples)
     influence   s_i = grad L_clip_i . grad L_SFT(val); keep s_i > 0;
                 w_i = s_i / mean_kept s                                    influence.py
     update      PPO epochs on the kept episodes D', per minibatch M of D':
                 (1/|M|) sum_{i in M} [w_i L_clip_i + c_v L_V_i - c_e H_i]        ppo.py
 
 `--influence off` is plain PPO; `--algo sft` trains the adapters on reference solutions.
-Faults: a crash at any moment loses no committed iteration and --resume continues exactly
-(see "run directory" below); a NaN/inf stops the run naming the phase, before anything of
-that iteration is saved; nonsense flags are refused at start, naming the flag.
-Run `python train.py --help` for every flag; the README explains the output.
+The settings and their checks are in config.py, the data and prompts in data.py, the run
+directory (crash-safe commits, checkpoints, resume) in rundir.py. Faults: a crash at any moment
+loses no committed iteration and --resume continues exactly; a NaN/inf stops the run naming
+the phase, before anything of that iteration is saved; nonsense flags are refused at start,
+naming the flag. Run `python train.py --help` for every flag; the README explains the output.
 
-Public: Config, parse_config(argv), add_config_flags(parser, names), main(argv) -> run directory;
-the phases ppo_iteration, compute_advantages, select_episodes, ppo_update, sft_iteration (each
-takes `dist`, see distributed.py; tests call them under torchrun).
+Public: main(argv) -> run directory; the phases ppo_iteration, compute_advantages,
+select_episodes, ppo_update, sft_iteration (each takes `dist`, see distributed.py; tests call
+them under torchrun); make_optimizer, planted_flips, noise_metrics, run_eval.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
-import os
-import re
-import shutil
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from config import Config, check_against_data, check_against_model, check_against_world, parse_config
+from data import load_task, make_prompt
 from distributed import Dist
 from distributed import setup as setup_distributed
 from evaluate import evaluate
 from influence import (binary_filter, detection_auc, episode_gradients, filter_and_reweight, influence_scores,
                        onepass_scores, random_filter, sft_nll, validation_gradient)
-from model import (OFFLINE_DEFAULT, ModelInfo, inspect_model, load_adapter, load_policy, load_reference_adapter,
-                   save_adapter)
+from model import inspect_model, load_adapter, load_policy, load_reference_adapter
 from ppo import (approx_kl, clip_fraction, explained_variance, gae, group_advantages, kl_penalized_rewards, masked_mean,
                  policy_loss, value_loss, whiten)
 from report import write_plots, write_report
-from reward import ARITH_DIGITS, ARITH_TERMS, TASKS, extract_answer, is_correct, load_task, make_prompt, reward_fn
+from reward import extract_answer, is_correct, reward_fn
 from rollout import encode_pairs, generate_rollouts, token_logprobs
-
-
-def flag(default, help, **kw):
-    return field(default=default, metadata={"help": help, **kw})
-
-
-@dataclass
-class Config:
-    # what to train
-    model: str = flag(OFFLINE_DEFAULT, "hub id (google/gemma-3-1b-it), local directory, or the offline default")
-    dataset: str = flag("gsm8k", "task to train and evaluate on", choices=TASKS)
-    data_source: str = flag("auto", "auto: the hub if it has the task, unless HF_HUB_OFFLINE=1 or unreachable; "
-                            "else data/", choices=("auto", "hub", "local"))
-    arith_digits: int = flag(ARITH_DIGITS, "--dataset arith: digits of every number in a problem")
-    arith_terms: int = flag(ARITH_TERMS, "--dataset arith: numbers per problem (terms - 1 additions or subtractions)")
-    algo: str = flag("ppo", "ppo (with or without influence) or sft (LoRA on reference solutions)", choices=("ppo", "sft"))
-    influence: str = flag("on", "on: I-PPO; off: plain PPO", choices=("on", "off"))
-    reweight: bool = flag(True, "weight kept episodes by s_i / mean kept s (--no-reweight: binary filter)")
-    influence_method: str = flag("onepass", "how scores are computed: onepass (one batched backward per --micro-batch-size episodes, exact) or "
-                                 "loop (one backward per episode, the readable reference)", choices=("onepass", "loop"))
-    random_filter: bool = flag(False, "control: drop as many episodes as influence would, chosen at random")
-    init_adapter: str = flag("", "start from this checkpoint's LoRA adapters (e.g. an --algo sft run)")
-    # schedule and sampling
-    iterations: int = flag(100, "training iterations (PPO: one rollout buffer each; SFT: one batch each)")
-    prompts_per_iter: int = flag(16, "training questions per iteration")
-    samples_per_prompt: int = flag(4, "sampled responses per question (N = prompts x samples episodes)")
-    max_new_tokens: int = flag(256, "response length limit in tokens; longer responses are truncated")
-    temperature: float = flag(1.0, "sampling temperature; log-probs use logits / temperature")
-    gen_batch_size: int = flag(16, "episodes per generate() and no-grad forward call")
-    # PPO (Schulman et al. 2017) and the KL-penalised reward
-    ppo_epochs: int = flag(2, "passes over the kept episodes per iteration")
-    minibatch_size: int = flag(16, "episodes per optimizer step")
-    micro_batch_size: int = flag(4, "episodes per forward/backward (memory only; does not change the math)")
-    lr: float = flag(5e-5, "AdamW learning rate for the LoRA adapters")
-    # Our choice: the value head has a learning rate of its own. It starts at V = 0 and is of
-    # use as a baseline only once it has caught up with the returns; AdamW at the LoRA rate
-    # (5e-5) moves each of its weights by about 5e-5 a step. 1e-3 is what the tiny world's runs
-    # used (README, "See PPO learn in minutes", where it made no measurable difference).
-    value_lr: float = flag(1e-3, "AdamW learning rate for the value head")
-    max_grad_norm: float = flag(1.0, "gradient clipping (global L2 norm)")
-    clip_eps: float = flag(0.2, "PPO ratio clip epsilon")
-    # Our choice: no value clipping by default. With rewards in [0, 1] a clip of 0.2 lets V
-    # move at most 0.2 towards a return per iteration, which holds back a fresh critic.
-    value_clip_eps: float = flag(0.0, "value clip epsilon (0: no clipping)")
-    vf_coef: float = flag(0.1, "value-loss coefficient c_v")
-    ent_coef: float = flag(0.0, "entropy bonus coefficient c_e")
-    kl_beta: float = flag(0.05, "per-token KL penalty beta against the reference policy")
-    gamma: float = flag(1.0, "discount")
-    # Our choice: lambda 1. The reward comes at the last token only; with lambda 0.95 the
-    # advantage of token t is about 0.95^(L-1-t) x the reward while V is still near 0, so the
-    # first tokens of a long answer get almost no credit. With gamma = lambda = 1,
-    # A_t = R - V(s_t): every token sees the episode's outcome, relative to the critic.
-    lam: float = flag(1.0, "GAE lambda")
-    advantage: str = flag("gae", "gae: PPO's per-token advantages from the value head (GAE); grpo: GRPO's "
-                          "(r_i - mean) / (std + eps) over the samples of the same prompt, the same for every "
-                          "token, no value loss", choices=("gae", "grpo"))
-    adv_std_floor: float = flag(0.1, "advantages are divided by max(std, this) when whitened: a batch with "
-                                "(almost) equal rewards keeps small advantages (0: plain whitening)")
-    truncation_penalty: float = flag(0.0, "subtracted from the reward of a response cut off at --max-new-tokens")
-    reward_noise: float = flag(0.0, "research knob: flip each episode's correctness with this probability before "
-                               "the reward (planted noise; episodes.jsonl records which were flipped)")
-    # influence
-    val_size: int = flag(32, "validation set for g_val: the last K rows of the training split (never trained on)")
-    val_batch_size: int = flag(8, "validation examples per forward/backward for g_val")
-    stop_below_kept: float = flag(0.0, "optional stop rule: end the run once the kept fraction falls below this (0 = off)")
-    # SFT
-    sft_batch_size: int = flag(8, "--algo sft: reference solutions per optimizer step")
-    # LoRA
-    lora_rank: int = flag(8, "LoRA rank r")
-    lora_alpha: float = flag(16.0, "LoRA alpha (scale alpha / r)")
-    lora_targets: str = flag("q_proj,k_proj,v_proj,o_proj", "comma-separated linear layers that get adapters")
-    # evaluation, output, reproducibility
-    eval_every: int = flag(10, "greedy exact-match evaluation every K iterations, before the first and after the last (0 = off)")
-    eval_limit: int = flag(50, "evaluate on the first K problems of the test split")
-    eval_split: str = flag("test", "what --eval-every evaluates: test (the test split) or val (the validation rows, "
-                           "for tuning settings without looking at the test split)", choices=("test", "val"))
-    eval_max_new_tokens: int = flag(256, "response length limit for evaluation")
-    run_dir: str = flag("", "where to write the run (default runs/<date>-<time>-ppo-influence, -ppo-plain or -sft)")
-    resume: str = flag("", "continue the run in this directory from its latest checkpoint")
-    keep_checkpoints: int = flag(2, "how many most recent checkpoints to keep")
-    seed: int = flag(0, "the one seed: data order, sampling, random filter")
-    device: str = flag("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
-    trust_remote_code: bool = flag(False, "allow a hub model to run its own code (off unless asked)")
-    progress: bool = flag(True, "tqdm progress bars (--no-progress to hide)")
-    plots: bool = flag(True, "write plots.png and report.html into the run directory at the end (--no-plots to skip)")
-
-    def validate(self) -> None:
-        """Refuse nonsense at start, naming the flag. (Flags that must fit the model or the data
-        are checked in check_against_model and check_against_data, before the model load.)"""
-        def need(ok, name, what):
-            if not ok:
-                raise SystemExit(f"--{name.replace('_', '-')}: {what} (got {getattr(self, name)!r})")
-        for f in dataclasses.fields(self):
-            if f.type in (float, "float"):
-                need(math.isfinite(getattr(self, f.name)), f.name, "must be a finite number")
-        for name in ("iterations", "prompts_per_iter", "samples_per_prompt", "max_new_tokens", "gen_batch_size",
-                     "ppo_epochs", "minibatch_size", "micro_batch_size", "val_size", "val_batch_size",
-                     "sft_batch_size", "lora_rank", "eval_limit", "eval_max_new_tokens", "keep_checkpoints"):
-            need(getattr(self, name) > 0, name, "must be a positive integer")
-        for name in ("temperature", "lr", "value_lr", "clip_eps", "lora_alpha", "max_grad_norm"):
-            need(getattr(self, name) > 0, name, "must be > 0")
-        for name in ("vf_coef", "ent_coef", "kl_beta", "truncation_penalty", "eval_every", "value_clip_eps",
-                     "adv_std_floor"):
-            need(getattr(self, name) >= 0, name, "must be >= 0")
-        need(0 <= self.gamma <= 1, "gamma", "must be in [0, 1]")
-        need(0 <= self.lam <= 1, "lam", "must be in [0, 1]")
-        need(0 <= self.stop_below_kept < 1, "stop_below_kept", "must be in [0, 1)")
-        need(0 <= self.reward_noise <= 1, "reward_noise", "must be a probability in [0, 1]")
-        need(self.lora_targets.strip() != "", "lora_targets", "must name at least one layer")
-        need(all(t.isidentifier() for t in self.targets()), "lora_targets",
-             "must be comma-separated layer names such as q_proj,v_proj")
-        need(len(set(self.targets())) == len(self.targets()), "lora_targets", "names a layer twice")
-        need(re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device), "device", "must be auto, cpu, cuda, cuda:N or mps")
-        need(not self.device.startswith("cuda") or torch.cuda.is_available(), "device", "no CUDA GPU is visible to torch")
-        need(self.device != "mps" or torch.backends.mps.is_available(), "device", "Apple MPS is not available")
-        need(not (self.influence == "off" and self.random_filter), "random_filter",
-             "needs --influence on (it drops as many episodes as the scores would)")
-        need(not (self.influence == "off" and not self.reweight), "reweight",
-             "--no-reweight needs --influence on")
-
-    def targets(self) -> list[str]:
-        """--lora-targets as a list of layer names."""
-        return [t.strip() for t in self.lora_targets.split(",")]
-
-
-def check_against_model(cfg: Config, model: ModelInfo) -> None:
-    """Flags that must fit the model, checked from its config alone (before the weights load)."""
-    for name in ("max_new_tokens", "eval_max_new_tokens"):
-        if getattr(cfg, name) >= model.context:
-            raise SystemExit(f"--{name.replace('_', '-')} {getattr(cfg, name)}: longer than the model's context "
-                             f"({model.context} tokens, prompt included)")
-    unknown = [t for t in cfg.targets() if t not in model.linear_names]
-    if unknown:
-        raise SystemExit(f"--lora-targets: {cfg.model} has no linear layer named {unknown}; "
-                         f"its linear layers are {model.linear_names}")
-
-
-def check_against_world(cfg: Config, world: int) -> None:
-    """Under torchrun every rank needs at least one prompt, validation row and SFT example."""
-    for name in ("prompts_per_iter", "val_size", "sft_batch_size"):
-        if getattr(cfg, name) < world:
-            raise SystemExit(f"--{name.replace('_', '-')} {getattr(cfg, name)}: fewer than the {world} torchrun "
-                             "processes; each process needs at least one")
-
-
-def check_against_data(cfg: Config, n_train_rows: int) -> None:
-    if cfg.val_size >= n_train_rows:
-        raise SystemExit(f"--val-size {cfg.val_size}: the training split has only {n_train_rows} rows "
-                         "(the validation set is taken from it and some must remain to train on)")
-
-
-def add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
-    """One command-line flag per Config field (or per field in `names`), with its default and help."""
-    for f in dataclasses.fields(Config):
-        if names is not None and f.name not in names:
-            continue
-        name = "--" + f.name.replace("_", "-")
-        if f.type in (bool, "bool"):
-            parser.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
-        else:
-            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-            parser.add_argument(name, type=kind, default=f.default, choices=f.metadata.get("choices"),
-                                help=f.metadata["help"])
-
-
-def parse_config(argv=None) -> Config:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_config_flags(parser)
-    args = parser.parse_args(argv)
-    cfg = Config(**vars(args))
-    if cfg.resume:
-        cfg = resumed_config(cfg, parser)
-    cfg.validate()
-    return cfg
-
-
-def resumed_config(cfg: Config, parser) -> Config:
-    """--resume uses the run's saved config.json; only --iterations may be changed."""
-    path = Path(cfg.resume) / "config.json"
-    if not path.exists():
-        raise SystemExit(f"--resume {cfg.resume}: no config.json there (not a run directory)")
-    saved = Config(**read_saved_config(path))
-    ignored = [f.name for f in dataclasses.fields(Config) if f.name not in ("resume", "iterations", "progress")
-               and getattr(cfg, f.name) != parser.get_default(f.name)]
-    if ignored:
-        print(f"[resume] ignoring {', '.join('--' + n.replace('_', '-') for n in ignored)}: "
-              f"a resumed run keeps its config.json", file=sys.stderr)
-    saved.resume, saved.run_dir, saved.progress = cfg.resume, cfg.resume, cfg.progress
-    if cfg.iterations != parser.get_default("iterations"):
-        saved.iterations = cfg.iterations
-    return saved
-
-
-def read_saved_config(path: Path) -> dict:
-    """config.json of a run, checked field by field (it is a file anyone could have edited)."""
-    try:
-        values = json.loads(path.read_text())
-    except ValueError as err:
-        raise SystemExit(f"{path}: not valid JSON ({err})") from err
-    if not isinstance(values, dict):
-        raise SystemExit(f"{path}: expected a JSON object of flag values")
-    fields = {f.name: f for f in dataclasses.fields(Config)}
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        raise SystemExit(f"{path}: unknown fields {unknown} (not a config.json of this train.py)")
-    for name, value in values.items():
-        kind = {"int": int, "float": (int, float), "str": str, "bool": bool}[str(fields[name].type)]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise SystemExit(f"{path}: field {name!r} should be {fields[name].type}, got {value!r}")
-    return values
-
-
-# ----------------------------------------------------------------------------- helpers
-
-def derived_seed(seed: int, iteration: int, purpose: int, rank: int = 0) -> int:
-    """Every random draw of an iteration comes from (seed, iteration, purpose, rank), so a
-    resumed run draws exactly what the uninterrupted run would have (rank: the torchrun process)."""
-    return (seed * 1_000_003 + iteration * 7_919 + purpose + rank * 104_729) % (2**63)
-
+from rundir import (append_jsonl, commit_iteration, last_good_checkpoint_on_fault, open_run_dir, resolve_checkpoint,
+                    restore_run, write_atomic)
 
 SINGLE = Dist()  # one process: every collective of distributed.py is the identity
-
-
-SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE = 1, 2, 3, 4, 5
-
-
-def planted_flips(cfg: Config, it: int, n: int, rank: int = 0) -> list[bool]:
-    """--reward-noise p: which of the iteration's n episodes have their correctness flipped,
-    each independently with probability p, from a draw of its own (a resumed run flips the
-    same episodes)."""
-    noise = torch.Generator().manual_seed(derived_seed(cfg.seed, it, NOISE, rank))
-    return (torch.rand(n, generator=noise) < cfg.reward_noise).tolist()
-
-
-def batch_indices(n_examples: int, iteration: int, batch: int, seed: int) -> list[int]:
-    """The training rows of an iteration: consecutive slices of a seeded permutation per epoch."""
-    out = []
-    for position in range(iteration * batch, (iteration + 1) * batch):
-        epoch, offset = divmod(position, n_examples)
-        order = torch.randperm(n_examples, generator=torch.Generator().manual_seed(derived_seed(seed, epoch, SHUFFLE)))
-        out.append(int(order[offset]))
-    return out
-
-
-class Timer:
-    """Seconds per named phase of an iteration."""
-    def __init__(self):
-        self.seconds = {}
-
-    @contextmanager
-    def __call__(self, name):
-        t0 = time.time()
-        yield
-        self.seconds[name] = self.seconds.get(name, 0.0) + time.time() - t0
-
-
-def make_optimizer(cfg: Config, policy) -> torch.optim.AdamW:
-    """AdamW without weight decay: the LoRA tensors at --lr, the value head at --value-lr."""
-    value_head = list(policy.value_head.parameters())
-    lora = [p for p in policy.parameters() if p.requires_grad and all(p is not v for v in value_head)]
-    return torch.optim.AdamW([{"params": lora, "lr": cfg.lr}, {"params": value_head, "lr": cfg.value_lr}],
-                             weight_decay=0.0)
-
-
-def chunks(index: torch.Tensor, size: int):
-    return [index[s:s + size] for s in range(0, len(index), size)]
-
-
-def require_finite(it: int, phase: str, **tensors: torch.Tensor) -> None:
-    """Stop the run on a NaN or inf, naming the iteration, the phase and the tensor. Raised
-    before anything of the iteration is saved, so checkpoints/latest stays the last good one."""
-    for name, t in tensors.items():
-        bad = int((~torch.isfinite(t)).sum())
-        if bad:
-            raise FloatingPointError(f"iteration {it + 1}: {name} contains NaN/inf ({bad} of {t.numel()} values) "
-                                     f"(phase: {phase})")
-
-
-def batch_warnings(cfg: Config, rewards: torch.Tensor, truncated: torch.Tensor, n_kept: int) -> dict[str, str]:
-    """Degenerate iterations: handled (the run goes on) but logged, {name: explanation}.
-    rewards, truncated: (N,) over all episodes of the iteration (all ranks)."""
-    warnings = {}
-    if bool((rewards == rewards[0]).all()):
-        warnings["rewards_equal"] = (f"all {len(rewards)} rewards are {rewards[0].item():g}: no reward signal, "
-                                     "the advantages carry only the KL penalty and the value error")
-    if bool(truncated.all()):
-        warnings["all_truncated"] = (f"every response hit --max-new-tokens {cfg.max_new_tokens} without EOS "
-                                     "(consider a larger limit or --truncation-penalty)")
-    if n_kept == 0:
-        warnings["nothing_kept"] = "every episode scored <= 0: update skipped"
-    return warnings
+SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE = 1, 2, 3, 4, 5   # the purposes of derived_seed's draws
 
 
 # ----------------------------------------------------------------------------- the algorithm
@@ -393,59 +104,6 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
 
     return iteration_records(it, cfg, examples, rollouts, scores, flipped, kl, keep, weights, n_kept,
                              influence | critic, update, dist)
-
-
-def iteration_records(it, cfg: Config, examples, rollouts, scores, flipped, kl, keep, weights, n_kept: int,
-                      influence: dict, update: dict, dist: Dist = SINGLE) -> tuple[dict, list]:
-    """Bookkeeping of ppo_iteration: the metrics of the iteration (means over all ranks'
-    episodes, each with its denominator) and one record per episode (all ranks', rank order)."""
-    mask = rollouts.response_mask
-    golds = [examples[j].gold for j in rollouts.prompt_index]
-    answers = [extract_answer(t, cfg.dataset) for t in rollouts.responses]
-    correct = [is_correct(a, g, cfg.dataset) for a, g in zip(answers, golds)]
-    warnings = batch_warnings(cfg, dist.cat(scores), dist.cat(rollouts.truncated.to(mask.device, torch.float32)).bool(),
-                              n_kept)
-    for what in warnings.values():
-        if dist.is_main:
-            print(f"[it {it + 1}] warning: {what}", file=sys.stderr)
-    # Sums and counts over all ranks first, then the means.
-    total = dict(zip(("reward", "correct", "unparsed", "truncated", "tokens", "episodes", "kl"), dist.sum(torch.tensor(
-        [scores.sum().item(), sum(correct), sum(a is None for a in answers), rollouts.truncated.sum().item(),
-         mask.sum().item(), len(rollouts), kl.sum().item()], dtype=torch.float64, device=mask.device)).tolist()))
-    per_episode = {k: total[k] / total["episodes"] for k in ("reward", "correct", "unparsed", "truncated", "tokens")}
-    metrics = {
-        "reward": per_episode["reward"], "accuracy": per_episode["correct"], "unparsed": per_episode["unparsed"],
-        "truncated": per_episode["truncated"], "response_tokens": per_episode["tokens"],
-        "episodes": int(total["episodes"]), "kept": n_kept, "kept_fraction": n_kept / total["episodes"],
-        "kl": total["kl"] / max(total["tokens"], 1.0),  # mean over all response tokens
-        **{k: v for k, v in influence.items() if k != "scores"}, **update,
-    }
-    if cfg.reward_noise > 0:
-        metrics |= noise_metrics(dist.cat(torch.tensor(flipped, dtype=torch.float32, device=mask.device)).bool(),
-                                 dist.cat(keep.float()).bool(),
-                                 dist.cat(torch.tensor(influence["scores"], device=mask.device))
-                                 if "scores" in influence else None)
-    if warnings:
-        metrics["warnings"] = list(warnings)
-    episodes = [{"iteration": it + 1, "prompt": examples[j].question, "gold": golds[i], "response": rollouts.responses[i],
-                 "answer": answers[i], "reward": scores[i].item(), "truncated": bool(rollouts.truncated[i]),
-                 "score": influence["scores"][i] if "scores" in influence else None,
-                 "kept": bool(keep[i]), "weight": weights[i].item(), "flipped": flipped[i]}
-                for i, j in enumerate(rollouts.prompt_index)]
-    return metrics, dist.gather_objects(episodes)
-
-
-def noise_metrics(flipped: torch.Tensor, keep: torch.Tensor, scores: torch.Tensor | None) -> dict:
-    """With --reward-noise: the share of flipped rewards, and how well the filter finds them:
-    flip_auc, the AUC of the influence scores for "not flipped" (influence.detection_auc; 0.5 is
-    chance), and the share of flipped episodes among the dropped and among the kept. All (N,)
-    over all ranks' episodes; scores None without influence."""
-    share = lambda sel: flipped[sel].float().mean().item() if bool(sel.any()) else None   # noqa: E731
-    metrics = {"flipped_fraction": flipped.float().mean().item()}
-    if scores is not None:
-        metrics |= {"flip_auc": detection_auc(scores, ~flipped), "flipped_share_dropped": share(~keep),
-                    "flipped_share_kept": share(keep)}
-    return metrics
 
 
 def compute_advantages(cfg: Config, rollouts, scores: torch.Tensor, dist: Dist = SINGLE):
@@ -606,270 +264,137 @@ def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
     return {"sft_loss": dist.sum(total).item(), "tokens": int(n_tokens)}, []
 
 
-# ----------------------------------------------------------------------------- run directory
-#
-# A run directory holds config.json, data.json, metrics.jsonl, episodes.jsonl and checkpoints/.
-# commit_iteration writes an iteration in this order:
-#   1. its records are appended to episodes.jsonl and metrics.jsonl, and fsynced;
-#   2. its checkpoint is written into checkpoints/.tmp_iter_N, every file fsynced;
-#   3. that directory is renamed to checkpoints/iter_N (atomic) and checkpoints/ is fsynced;
-#   4. checkpoints/latest is replaced (latest.tmp, fsync, rename: atomic) to name iter_N;
-#   5. checkpoints older than the newest --keep-checkpoints are renamed away, then deleted.
-# Step 4 is the commit point. A crash (SIGKILL, power loss) before it leaves the previous
-# checkpoint as `latest`, and --resume drops the records of step 1 (a half-written last line
-# included); a crash after it leaves the new one. Every iter_* directory is complete: one
-# appears and disappears only by a rename. Either way the resumed run continues exactly.
+# ----------------------------------------------------------------------------- bookkeeping
 
-CHECKPOINT_FILES = ("adapter.safetensors", "adapter.json", "optimizer.safetensors", "optimizer.json",
-                    "rng.safetensors", "state.json")
-
-# Tests set this to a function of the step's name (one that SIGKILLs the process at the k-th
-# step, say) to check that a crash between any two filesystem steps of a commit leaves a run
-# that resumes exactly. None in normal use.
-crash_hook = None
-
-
-def fs_step(name: str) -> None:
-    """A point between two filesystem steps of commit_iteration (see crash_hook)."""
-    if crash_hook is not None:
-        crash_hook(name)
-
-
-def fsync_path(path: Path) -> None:
-    """Flush a file, or a directory's list of names (so that a rename in it survives power loss)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` by `text`: a crash leaves the old content or the new, never a mix."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_path(path.parent)
+def iteration_records(it, cfg: Config, examples, rollouts, scores, flipped, kl, keep, weights, n_kept: int,
+                      influence: dict, update: dict, dist: Dist = SINGLE) -> tuple[dict, list]:
+    """Bookkeeping of ppo_iteration: the metrics of the iteration (means over all ranks'
+    episodes, each with its denominator) and one record per episode (all ranks', rank order)."""
+    mask = rollouts.response_mask
+    golds = [examples[j].gold for j in rollouts.prompt_index]
+    answers = [extract_answer(t, cfg.dataset) for t in rollouts.responses]
+    correct = [is_correct(a, g, cfg.dataset) for a, g in zip(answers, golds)]
+    warnings = batch_warnings(cfg, dist.cat(scores), dist.cat(rollouts.truncated.to(mask.device, torch.float32)).bool(),
+                              n_kept)
+    for what in warnings.values():
+        if dist.is_main:
+            print(f"[it {it + 1}] warning: {what}", file=sys.stderr)
+    # Sums and counts over all ranks first, then the means.
+    total = dict(zip(("reward", "correct", "unparsed", "truncated", "tokens", "episodes", "kl"), dist.sum(torch.tensor(
+        [scores.sum().item(), sum(correct), sum(a is None for a in answers), rollouts.truncated.sum().item(),
+         mask.sum().item(), len(rollouts), kl.sum().item()], dtype=torch.float64, device=mask.device)).tolist()))
+    per_episode = {k: total[k] / total["episodes"] for k in ("reward", "correct", "unparsed", "truncated", "tokens")}
+    metrics = {
+        "reward": per_episode["reward"], "accuracy": per_episode["correct"], "unparsed": per_episode["unparsed"],
+        "truncated": per_episode["truncated"], "response_tokens": per_episode["tokens"],
+        "episodes": int(total["episodes"]), "kept": n_kept, "kept_fraction": n_kept / total["episodes"],
+        "kl": total["kl"] / max(total["tokens"], 1.0),  # mean over all response tokens
+        **{k: v for k, v in influence.items() if k != "scores"}, **update,
+    }
+    if cfg.reward_noise > 0:
+        metrics |= noise_metrics(dist.cat(torch.tensor(flipped, dtype=torch.float32, device=mask.device)).bool(),
+                                 dist.cat(keep.float()).bool(),
+                                 dist.cat(torch.tensor(influence["scores"], device=mask.device))
+                                 if "scores" in influence else None)
+    if warnings:
+        metrics["warnings"] = list(warnings)
+    episodes = [{"iteration": it + 1, "prompt": examples[j].question, "gold": golds[i], "response": rollouts.responses[i],
+                 "answer": answers[i], "reward": scores[i].item(), "truncated": bool(rollouts.truncated[i]),
+                 "score": influence["scores"][i] if "scores" in influence else None,
+                 "kept": bool(keep[i]), "weight": weights[i].item(), "flipped": flipped[i]}
+                for i, j in enumerate(rollouts.prompt_index)]
+    return metrics, dist.gather_objects(episodes)
 
 
-def append_jsonl(path: Path, records: list[dict]) -> None:
-    with open(path, "a") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the checkpoint that covers these records
+def noise_metrics(flipped: torch.Tensor, keep: torch.Tensor, scores: torch.Tensor | None) -> dict:
+    """With --reward-noise: the share of flipped rewards, and how well the filter finds them:
+    flip_auc, the AUC of the influence scores for "not flipped" (influence.detection_auc; 0.5 is
+    chance), and the share of flipped episodes among the dropped and among the kept. All (N,)
+    over all ranks' episodes; scores None without influence."""
+    share = lambda sel: flipped[sel].float().mean().item() if bool(sel.any()) else None   # noqa: E731
+    metrics = {"flipped_fraction": flipped.float().mean().item()}
+    if scores is not None:
+        metrics |= {"flip_auc": detection_auc(scores, ~flipped), "flipped_share_dropped": share(~keep),
+                    "flipped_share_kept": share(keep)}
+    return metrics
 
 
-def truncate_jsonl(path: Path, last_iteration: int) -> None:
-    """Keep the records of iterations <= last_iteration: later ones were appended after the
-    checkpoint we resume from, by a run that crashed before committing them. Text after the
-    last newline is a write that such a crash cut short, dropped too. A line before it that is
-    not JSON was not written by a crash: the resume stops there, naming it."""
-    if not path.exists():
-        return
-    complete, _, torn = path.read_bytes().rpartition(b"\n")
-    if torn:
-        print(f"[resume] {path}: dropping a half-written last line ({len(torn)} bytes)", file=sys.stderr)
-    kept = []
-    for line_no, line in enumerate(complete.split(b"\n") if complete else [], start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as err:
-            raise SystemExit(f"{path}:{line_no}: not a JSON record ({err}); fix or remove that line") from err
-        if record.get("iteration", 0) <= last_iteration:
-            kept.append(line.decode() + "\n")
-    write_atomic(path, "".join(kept))
+# ----------------------------------------------------------------------------- helpers
+
+def derived_seed(seed: int, iteration: int, purpose: int, rank: int = 0) -> int:
+    """Every random draw of an iteration comes from (seed, iteration, purpose, rank), so a
+    resumed run draws exactly what the uninterrupted run would have (rank: the torchrun process)."""
+    return (seed * 1_000_003 + iteration * 7_919 + purpose + rank * 104_729) % (2**63)
 
 
-def lora_settings(cfg: Config) -> dict:
-    return {"model": cfg.model, "targets": cfg.targets(), "rank": cfg.lora_rank, "alpha": cfg.lora_alpha}
+def planted_flips(cfg: Config, it: int, n: int, rank: int = 0) -> list[bool]:
+    """--reward-noise p: which of the iteration's n episodes have their correctness flipped,
+    each independently with probability p, from a draw of its own (a resumed run flips the
+    same episodes)."""
+    noise = torch.Generator().manual_seed(derived_seed(cfg.seed, it, NOISE, rank))
+    return (torch.rand(n, generator=noise) < cfg.reward_noise).tolist()
 
 
-def save_optimizer(optimizer, directory: Path) -> None:
-    """AdamW state: its tensors as safetensors, its hyper-parameters as JSON (no pickle)."""
-    from safetensors.torch import save_file
-
-    state = optimizer.state_dict()
-    tensors = {f"{index}.{name}": value for index, per_param in state["state"].items()
-               for name, value in per_param.items()}
-    not_tensors = [k for k, v in tensors.items() if not isinstance(v, torch.Tensor)]
-    if not_tensors:
-        raise TypeError(f"optimizer state {not_tensors[:3]} is not a tensor: save_optimizer stores tensors only")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, directory / "optimizer.safetensors")
-    (directory / "optimizer.json").write_text(json.dumps({"param_groups": state["param_groups"]}, indent=2))
+def batch_indices(n_examples: int, iteration: int, batch: int, seed: int) -> list[int]:
+    """The training rows of an iteration: consecutive slices of a seeded permutation per epoch."""
+    out = []
+    for position in range(iteration * batch, (iteration + 1) * batch):
+        epoch, offset = divmod(position, n_examples)
+        order = torch.randperm(n_examples, generator=torch.Generator().manual_seed(derived_seed(seed, epoch, SHUFFLE)))
+        out.append(int(order[offset]))
+    return out
 
 
-def load_optimizer(optimizer, directory: Path) -> None:
-    from safetensors.torch import load_file
+class Timer:
+    """Seconds per named phase of an iteration."""
+    def __init__(self):
+        self.seconds = {}
 
-    state = {}
-    for key, value in load_file(directory / "optimizer.safetensors").items():
-        index, name = key.split(".", 1)
-        state.setdefault(int(index), {})[name] = value
-    groups = json.loads((directory / "optimizer.json").read_text())["param_groups"]
-    for group in groups:  # JSON turned tuples such as betas into lists
-        group.update({k: tuple(v) for k, v in group.items() if isinstance(v, list) and k != "params"})
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
-
-
-def discard(directory: Path) -> None:
-    """Remove a directory by renaming it away first, so no iter_* directory is ever partial."""
-    trash = directory.with_name(".trash_" + directory.name)
-    shutil.rmtree(trash, ignore_errors=True)
-    os.replace(directory, trash)
-    fs_step(f"renamed {directory.name} away")
-    shutil.rmtree(trash)
-    fs_step(f"deleted {directory.name}")
-
-
-def save_checkpoint(run_dir: Path, iteration: int, cfg: Config, policy, optimizer) -> Path:
-    """checkpoints/iter_NNNNNN/: adapter and value head, optimizer state, RNG state (safetensors)
-    and the iteration (JSON), committed by switching checkpoints/latest (steps 2-5 above)."""
-    from safetensors.torch import save_file
-
-    root = run_dir / "checkpoints"
-    final, tmp = root / f"iter_{iteration:06d}", root / f".tmp_iter_{iteration:06d}"
-    tidy_checkpoints(root, cfg.keep_checkpoints)
-    tmp.mkdir(parents=True)
-    save_adapter(policy, tmp, lora_settings(cfg))
-    fs_step("wrote adapter")
-    save_optimizer(optimizer, tmp)
-    fs_step("wrote optimizer")
-    rng = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state()
-    save_file(rng, tmp / "rng.safetensors")
-    fs_step("wrote rng")
-    (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "config": dataclasses.asdict(cfg)}, indent=2))
-    for f in [*tmp.iterdir(), tmp]:
-        fsync_path(f)
-    fs_step("wrote state.json")
-    if final.exists():  # written by a run that crashed before `latest` named it: never committed
-        discard(final)
-    os.replace(tmp, final)
-    fsync_path(root)
-    fsync_path(run_dir)  # checkpoints/ itself is new at the first commit
-    fs_step(f"renamed to {final.name}")
-    write_atomic(root / "latest", final.name + "\n")
-    fs_step("switched latest")
-    tidy_checkpoints(root, cfg.keep_checkpoints)
-    return final
-
-
-def tidy_checkpoints(root: Path, keep: int) -> None:
-    """Remove what a crash or a commit leaves behind: unfinished .tmp_ and .trash_ directories,
-    checkpoints after `latest` (written, never committed) and all but the newest `keep` up to it."""
-    for leftover in [*root.glob(".tmp_iter_*"), *root.glob(".trash_*")]:
-        shutil.rmtree(leftover)
-    latest = latest_checkpoint(root.parent)
-    if latest is None:
-        return
-    newest_first = sorted(root.glob("iter_*"), reverse=True)   # zero-padded names sort by iteration
-    committed = [p for p in newest_first if p.name <= latest.name]
-    for old in [p for p in newest_first if p.name > latest.name] + committed[keep:]:
-        discard(old)
-
-
-def commit_iteration(run_dir: Path, it: int, cfg: Config, metrics: dict, episodes: list, policy, optimizer) -> Path:
-    """Log iteration `it`, then checkpoint it, in the order described above."""
-    append_jsonl(run_dir / "episodes.jsonl", episodes)
-    fs_step("appended episodes.jsonl")
-    append_jsonl(run_dir / "metrics.jsonl", [{"iteration": it + 1, **metrics}])
-    fs_step("appended metrics.jsonl")
-    return save_checkpoint(run_dir, it + 1, cfg, policy, optimizer)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint checkpoints/latest names, or None before the first commit."""
-    pointer = Path(run_dir) / "checkpoints" / "latest"
-    if not pointer.exists():
-        return None
-    ckpt = pointer.parent / pointer.read_text().strip()
-    missing = [f for f in CHECKPOINT_FILES if not (ckpt / f).is_file()]
-    if missing:
-        raise SystemExit(f"{pointer} names {ckpt.name}, which lacks {', '.join(missing)}: "
-                         "the checkpoint was changed outside train.py")
-    return ckpt
-
-
-def resolve_checkpoint(path: str, flag: str = "") -> Path:
-    """A checkpoint directory, or a run directory (its latest checkpoint). `flag` names the
-    command-line flag that gave `path`, for the error message."""
-    p, where = Path(path), f"{flag} {path}".strip()
-    if (p / "checkpoints").is_dir():
-        latest = latest_checkpoint(p)
-        if latest is None:
-            raise SystemExit(f"{where}: a run directory without a complete checkpoint yet")
-        return latest
-    if not (p / "adapter.safetensors").exists():
-        raise SystemExit(f"{where}: neither a checkpoint directory nor a run directory with checkpoints")
-    return p
-
-
-def load_checkpoint(run_dir: Path, policy, optimizer) -> int:
-    """Restore adapters, value head, optimizer and RNG; returns the completed iteration count."""
-    from safetensors.torch import load_file
-
-    ckpt = resolve_checkpoint(str(run_dir))
-    load_adapter(policy, ckpt)
-    load_optimizer(optimizer, ckpt)
-    rng = load_file(ckpt / "rng.safetensors")
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state(rng["cuda"])
-    return json.loads((ckpt / "state.json").read_text())["iteration"]
-
-
-def restore_run(run_dir: Path, keep: int, policy, optimizer, writer: bool = True) -> int:
-    """--resume: load the latest checkpoint, drop the log records written after it and what a
-    crash left in checkpoints/. A run that crashed before its first checkpoint starts over
-    (its first evaluation included). Returns the number of completed iterations. Under
-    torchrun every rank loads; only the writer (rank 0) tidies the run directory."""
-    if latest_checkpoint(run_dir) is None:
-        start, keep_through = 0, -1
-        message = f"[resume] {run_dir}: no checkpoint yet, starting from iteration 0"
-    else:
-        start = keep_through = load_checkpoint(run_dir, policy, optimizer)
-        message = f"[resume] {run_dir}: continuing after iteration {start}"
-    if writer:
-        print(message, file=sys.stderr)
-        if start:
-            tidy_checkpoints(run_dir / "checkpoints", keep)
-        for name in ("metrics.jsonl", "episodes.jsonl"):
-            truncate_jsonl(run_dir / name, keep_through)
-    return start
-
-
-def open_run_dir(cfg: Config) -> Path:
-    """Create (or, with --resume, reopen) the run directory and write config.json."""
-    run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}"
-                   f"{'' if cfg.algo == 'sft' else ('-influence' if cfg.influence == 'on' else '-plain')}")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise SystemExit(f"--run-dir {run_dir}: exists and is not a directory")
-    if not cfg.resume and ((run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists()):
-        raise SystemExit(f"--run-dir {run_dir}: already holds a run; use --resume {run_dir} or another directory")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(run_dir / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2))
-    return run_dir
-
-
-@contextmanager
-def last_good_checkpoint_on_fault(run_dir: Path):
-    """A NaN/inf (FloatingPointError) stops the run before anything of its iteration is saved;
-    add where the last good checkpoint is and how to continue from it."""
-    try:
+    @contextmanager
+    def __call__(self, name):
+        t0 = time.time()
         yield
-    except FloatingPointError as err:
-        latest = latest_checkpoint(run_dir)
-        kept = f"{latest} is the last good checkpoint" if latest else "no checkpoint had been written yet"
-        raise FloatingPointError(f"{err}. Nothing of that iteration was saved; {kept}; "
-                                 f"--resume {run_dir} continues from it") from err
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.time() - t0
 
+
+def make_optimizer(cfg: Config, policy) -> torch.optim.AdamW:
+    """AdamW without weight decay: the LoRA tensors at --lr, the value head at --value-lr."""
+    value_head = list(policy.value_head.parameters())
+    lora = [p for p in policy.parameters() if p.requires_grad and all(p is not v for v in value_head)]
+    return torch.optim.AdamW([{"params": lora, "lr": cfg.lr}, {"params": value_head, "lr": cfg.value_lr}],
+                             weight_decay=0.0)
+
+
+def chunks(index: torch.Tensor, size: int):
+    return [index[s:s + size] for s in range(0, len(index), size)]
+
+
+def require_finite(it: int, phase: str, **tensors: torch.Tensor) -> None:
+    """Stop the run on a NaN or inf, naming the iteration, the phase and the tensor. Raised
+    before anything of the iteration is saved, so checkpoints/latest stays the last good one."""
+    for name, t in tensors.items():
+        bad = int((~torch.isfinite(t)).sum())
+        if bad:
+            raise FloatingPointError(f"iteration {it + 1}: {name} contains NaN/inf ({bad} of {t.numel()} values) "
+                                     f"(phase: {phase})")
+
+
+def batch_warnings(cfg: Config, rewards: torch.Tensor, truncated: torch.Tensor, n_kept: int) -> dict[str, str]:
+    """Degenerate iterations: handled (the run goes on) but logged, {name: explanation}.
+    rewards, truncated: (N,) over all episodes of the iteration (all ranks)."""
+    warnings = {}
+    if bool((rewards == rewards[0]).all()):
+        warnings["rewards_equal"] = (f"all {len(rewards)} rewards are {rewards[0].item():g}: no reward signal, "
+                                     "the advantages carry only the KL penalty and the value error")
+    if bool(truncated.all()):
+        warnings["all_truncated"] = (f"every response hit --max-new-tokens {cfg.max_new_tokens} without EOS "
+                                     "(consider a larger limit or --truncation-penalty)")
+    if n_kept == 0:
+        warnings["nothing_kept"] = "every episode scored <= 0: update skipped"
+    return warnings
+
+
+# ----------------------------------------------------------------------------- logging
 
 def log_line(it: int, cfg: Config, m: dict, seconds: dict) -> str:
     phases = " ".join(f"{k} {v:.1f}" for k, v in seconds.items())

@@ -107,7 +107,7 @@ def run_all(out: Path, jobs: list[tuple[Path, list[str]]], parallel: int, iterat
 
 def read_run(run_dir: Path) -> dict:
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    evals, minutes, train_s = [], [], 0.0
+    evals, train_s = [], 0.0
     for r in rows:
         train_s += sum(v for k, v in r.get("seconds", {}).items() if k != "eval")
         if "eval_accuracy" in r:

@@ -15,9 +15,10 @@ sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
 from safetensors.torch import save_file  # noqa: E402
 
 import train  # noqa: E402
+from config import Config  # noqa: E402
+from data import load_task, make_prompt  # noqa: E402
 from distributed import setup  # noqa: E402
 from model import load_policy, lora_parameters  # noqa: E402
-from reward import load_task, make_prompt  # noqa: E402
 from rollout import encode_pairs, generate_rollouts  # noqa: E402
 
 
@@ -26,7 +27,7 @@ def main(model_dir: str, out: str) -> None:
     dist = setup()
     # minibatch_size 2 < the kept episodes: several optimizer steps per epoch, each minibatch
     # drawn from all ranks' kept episodes.
-    cfg = train.Config(model=model_dir, ppo_epochs=2, minibatch_size=2, micro_batch_size=2, lr=1e-2,
+    cfg = Config(model=model_dir, ppo_epochs=2, minibatch_size=2, micro_batch_size=2, lr=1e-2,
                        val_batch_size=2, progress=False)
     torch.manual_seed(0)
     policy, tok = load_policy(model_dir, quiet=True)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import train
-from reward import generate_arith, load_task, make_prompt, reward_fn
+from data import generate_arith, load_task, make_prompt
+from reward import reward_fn
 
 # The oracle's own reading of a question: the word before each number says what it does.
 # Written here, not taken from reward.py, so a generator that mixed up a verb would fail.

@@ -1,5 +1,6 @@
 """Nonsense flags are refused at start with a message naming the flag and no traceback; the
 flags that only the model's config or the data can judge are refused before the model loads."""
+import dataclasses
 import json
 import math
 import os
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 import train
+from config import parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,26 +63,26 @@ REFUSED_BY_VALIDATE = [
 @pytest.mark.parametrize("flags, flag", REFUSED_BY_VALIDATE, ids=[" ".join(f) for f, _ in REFUSED_BY_VALIDATE])
 def test_nonsense_flags_are_refused_naming_the_flag(flags, flag):
     with pytest.raises(SystemExit) as refused:
-        train.parse_config(flags)
+        parse_config(flags)
     assert isinstance(refused.value.code, str) and refused.value.code.startswith(flag), refused.value.code
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is visible")
 def test_a_device_that_is_not_there_is_refused():
     with pytest.raises(SystemExit, match="--device: no CUDA GPU is visible"):
-        train.parse_config(["--device", "cuda"])
+        parse_config(["--device", "cuda"])
 
 
 def test_values_of_the_wrong_type_are_refused_by_argparse_naming_the_flag(capsys):
     for flags, flag in [(["--iterations", "abc"], "--iterations"), (["--dataset", "chess"], "--dataset"),
                         (["--lr", "fast"], "--lr")]:
         with pytest.raises(SystemExit) as refused:
-            train.parse_config(flags)
+            parse_config(flags)
         assert refused.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
 
 
 def test_sensible_flags_pass_and_lora_targets_may_have_spaces():
-    cfg = train.parse_config(["--lora-targets", "q_proj, v_proj", "--clip-eps", "0.1", "--gamma", "1"])
+    cfg = parse_config(["--lora-targets", "q_proj, v_proj", "--clip-eps", "0.1", "--gamma", "1"])
     assert cfg.targets() == ["q_proj", "v_proj"] and math.isclose(cfg.clip_eps, 0.1)
 
 
@@ -143,7 +145,7 @@ def test_a_tampered_config_json_is_refused_on_resume(tmp_path, content, message)
     run_dir.mkdir()
     (run_dir / "config.json").write_text(content)
     with pytest.raises(SystemExit, match=message):
-        train.parse_config(["--resume", str(run_dir)])
+        parse_config(["--resume", str(run_dir)])
 
 
 def test_the_command_line_refuses_without_a_traceback(tiny_dir):
@@ -155,8 +157,8 @@ def test_the_command_line_refuses_without_a_traceback(tiny_dir):
 
 
 def test_config_json_round_trips_through_resume(tiny_dir, tmp_path):
-    cfg = train.parse_config(["--run-dir", str(tmp_path / "r"), "--lr", "3e-5", "--lora-targets", "q_proj,v_proj"])
+    cfg = parse_config(["--run-dir", str(tmp_path / "r"), "--lr", "3e-5", "--lora-targets", "q_proj,v_proj"])
     (tmp_path / "r").mkdir()
-    (tmp_path / "r" / "config.json").write_text(json.dumps(train.dataclasses.asdict(cfg)))
-    resumed = train.parse_config(["--resume", str(tmp_path / "r")])
+    (tmp_path / "r" / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    resumed = parse_config(["--resume", str(tmp_path / "r")])
     assert resumed.lr == 3e-5 and resumed.lora_targets == "q_proj,v_proj" and resumed.resume == str(tmp_path / "r")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import train
+from config import Config
 from model import load_policy
 from ppo import value_loss
 from rollout import generate_rollouts
@@ -37,7 +38,7 @@ def test_default_advantages_give_every_token_the_outcome():
     """With a fresh critic, lambda 1 gives each token A_t = R: the first token of a long answer
     gets the same credit as the last (lambda 0.95 gave it 0.95^(L-1) of it)."""
     rollouts, scores = batch([1.0, 0.0, 1.0, 0.0], [6, 2, 3, 5])
-    advantages, _, _, critic = train.compute_advantages(train.Config(), rollouts, scores)
+    advantages, _, _, critic = train.compute_advantages(Config(), rollouts, scores)
     mask = rollouts.response_mask.bool()
     for i in range(4):
         row = advantages[i][mask[i]]
@@ -50,7 +51,7 @@ def test_default_advantages_give_every_token_the_outcome():
 def test_critic_diagnostics_against_a_direct_computation():
     values = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5, 0.6]] * 3)
     rollouts, scores = batch([1.0, 0.0, 1.0], [6, 2, 3], values=values)
-    _, returns, _, critic = train.compute_advantages(train.Config(), rollouts, scores)
+    _, returns, _, critic = train.compute_advantages(Config(), rollouts, scores)
     # gamma = lambda = 1 and KL 0: R_t = score, A_t = score - V_t, over the 11 response tokens
     tokens = [(1.0, v) for v in [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]] + [(0.0, 0.1), (0.0, 0.2)] + \
              [(1.0, 0.1), (1.0, 0.2), (1.0, 0.3)]
@@ -66,15 +67,15 @@ def test_critic_diagnostics_against_a_direct_computation():
 def test_whitening_floor_keeps_equal_rewards_from_becoming_full_steps():
     noise = torch.randn(4, 6, generator=torch.Generator().manual_seed(1)) * 0.01 + 0.3
     rollouts, scores = batch([0.0, 0.0, 0.0, 0.0], [6, 4, 5, 3], values=noise)
-    advantages, _, _, _ = train.compute_advantages(train.Config(), rollouts, scores)
+    advantages, _, _, _ = train.compute_advantages(Config(), rollouts, scores)
     assert advantages.abs().max() < 0.5                    # unfloored whitening: std 1, max ~2
-    plain, _, _, _ = train.compute_advantages(train.Config(adv_std_floor=0.0), rollouts, scores)
+    plain, _, _, _ = train.compute_advantages(Config(adv_std_floor=0.0), rollouts, scores)
     assert plain[rollouts.response_mask.bool()].std() > 0.9
 
 
 def test_value_head_has_its_own_learning_rate(tiny_dir):
     policy, _ = load_policy(tiny_dir, quiet=True)
-    cfg = train.Config()
+    cfg = Config()
     optimizer = train.make_optimizer(cfg, policy)
     by_lr = {group["lr"]: group["params"] for group in optimizer.param_groups}
     assert set(by_lr) == {cfg.lr, cfg.value_lr} and cfg.value_lr > cfg.lr
@@ -87,7 +88,7 @@ def test_default_value_loss_is_not_clipped():
     """A critic at V = 0.5 after a few steps, return 1: the default still pulls it towards 1
     (a value clip of 0.2 around V_old = 0 would give it no gradient at all)."""
     values = torch.full((1, 2), 0.5, requires_grad=True)
-    loss = value_loss(values, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), train.Config().value_clip_eps)
+    loss = value_loss(values, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), Config().value_clip_eps)
     loss.sum().backward()
     assert values.grad[0].tolist() == pytest.approx([-0.25, -0.25])
 
@@ -114,7 +115,7 @@ def test_ratio_and_kl_diagnostics_see_wrong_old_logprobs(tiny_dir):
     """Old log-probs shifted by +0.1 on every token: the first-minibatch ratio must read
     exp(-0.1), and with a policy that does not move (lr 1e-30) the approximate KL of every
     visit is exp(-0.1) - 1 + 0.1."""
-    cfg = train.Config(model=tiny_dir, lr=1e-30, value_lr=1e-30, minibatch_size=2, micro_batch_size=2,
+    cfg = Config(model=tiny_dir, lr=1e-30, value_lr=1e-30, minibatch_size=2, micro_batch_size=2,
                        progress=False)
     policy, tok = load_policy(tiny_dir, quiet=True)
     rollouts = generate_rollouts(policy, tok, ["Question: 1 + 2\nAnswer:", "Question: 3 + 4\nAnswer:"], n_samples=2,

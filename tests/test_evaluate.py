@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import data
 import evaluate as ev
 import reward
 from evaluate import majority_vote, parse_metrics, pass_at_k, score_predictions
@@ -146,20 +147,20 @@ def greedy_by_hand(policy, tokenizer, prompt, max_new_tokens):
 
 def test_train_run_eval_call_and_greedy_matches_a_hand_written_loop(tiny_policy):
     policy, tokenizer = tiny_policy
-    examples = reward.load_task("gsm8k", "test", "local").examples[:3]
+    examples = data.load_task("gsm8k", "test", "local").examples[:3]
     # The call train.run_eval makes, and the keys it reads.
     result = ev.evaluate(policy, tokenizer, examples, "gsm8k", max_new_tokens=6, batch_size=2, progress=False)
     assert {"accuracy", "stderr", "n", "n_unparsed", "n_truncated"} <= set(result)
     assert result["n"] == 3 and result["metrics"]["em"]["value"] == result["accuracy"]
     for e, p in zip(examples, result["predictions"]):
-        response, truncated = greedy_by_hand(policy, tokenizer, reward.make_prompt(e.question, "gsm8k"), 6)
+        response, truncated = greedy_by_hand(policy, tokenizer, data.make_prompt(e.question, "gsm8k"), 6)
         assert (p["response"], p["truncated"]) == (response, truncated)
         assert p["pred"] == reward.extract_answer(response, "gsm8k")
 
 
 def test_sampling_is_seeded_and_leaves_the_callers_rng_alone(tiny_policy):
     policy, tokenizer = tiny_policy
-    examples = reward.load_task("gsm8k", "test", "local").examples[:2]
+    examples = data.load_task("gsm8k", "test", "local").examples[:2]
     kw = dict(metrics="pass@2", max_new_tokens=5, batch_size=3, progress=False)
     state = torch.get_rng_state()
     a = ev.evaluate(policy, tokenizer, examples, "gsm8k", seed=1, **kw)

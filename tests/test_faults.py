@@ -2,7 +2,7 @@
 iterations, each on the tiny random Gemma-3.
 
 Crashes are real SIGKILLs of a child process: at every filesystem step of an iteration's
-commit (train.crash_hook names them), and at random moments. After each, the latest
+commit (rundir.crash_hook names them), and at random moments. After each, the latest
 checkpoint loads and --resume reproduces the uninterrupted run's metrics.jsonl and
 episodes.jsonl exactly (every field but the wall-clock seconds)."""
 import json
@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import rundir
 import train
+from config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 # Two iterations with an evaluation before the first and after the last; one checkpoint kept,
@@ -52,7 +54,7 @@ def assert_reproduces(run_dir, reference):
     assert without_seconds(records(run_dir)) == without_seconds(records(reference.dir))
     assert records(run_dir, "episodes.jsonl") == records(reference.dir, "episodes.jsonl")
     root = Path(run_dir) / "checkpoints"
-    assert train.latest_checkpoint(run_dir) == root / "iter_000002"
+    assert rundir.latest_checkpoint(run_dir) == root / "iter_000002"
     assert sorted(p.name for p in root.iterdir()) == ["iter_000002", "latest"]   # no leftovers, one kept
 
 
@@ -72,12 +74,12 @@ def reference(tiny_dir, tmp_path_factory):
         if name == "switched latest" and not ref.after_first_commit.exists():
             shutil.copytree(ref.dir, ref.after_first_commit)
 
-    train.crash_hook = record
+    rundir.crash_hook = record
     started = time.time()
     try:
         train.main(["--model", tiny_dir, "--run-dir", str(ref.dir), *ARGS])
     finally:
-        train.crash_hook = None
+        rundir.crash_hook = None
     ref.seconds = time.time() - started
     rows = records(ref.dir)
     assert [r["iteration"] for r in rows] == [0, 1, 2]
@@ -103,7 +105,7 @@ def run_until_killed(argv, kill_at_step):
         if len(steps) == kill_at_step:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    train.crash_hook = kill_at
+    rundir.crash_hook = kill_at
     train.main(argv)
 
 
@@ -146,14 +148,14 @@ def check_crashed_run(run_dir, steps_done, reference, tiny_dir):
     """After a crash: every iter_* directory is complete, `latest` names the expected one and
     it loads into a fresh policy and optimizer; then --resume reproduces the reference."""
     for ckpt in (Path(run_dir) / "checkpoints").glob("iter_*"):
-        assert all((ckpt / f).is_file() for f in train.CHECKPOINT_FILES), ckpt
-    latest = train.latest_checkpoint(run_dir)
+        assert all((ckpt / f).is_file() for f in rundir.CHECKPOINT_FILES), ckpt
+    latest = rundir.latest_checkpoint(run_dir)
     assert (latest.name if latest else None) == expected_latest(steps_done, reference)
     if latest:
         from model import load_policy
         policy, _ = load_policy(tiny_dir, quiet=True)
-        optimizer = train.make_optimizer(train.Config(), policy)
-        assert train.load_checkpoint(run_dir, policy, optimizer) == int(latest.name.split("_")[1])
+        optimizer = train.make_optimizer(Config(), policy)
+        assert rundir.load_checkpoint(run_dir, policy, optimizer) == int(latest.name.split("_")[1])
         assert len(optimizer.state) > 0
     train.main(["--resume", str(run_dir), "--no-progress"])
     assert_reproduces(run_dir, reference)
@@ -190,7 +192,7 @@ def test_sigkill_at_a_random_moment_resumes_exactly(reference, processes, tiny_d
     if not run_dir.exists():   # killed before main created it: nothing to resume, nothing lost
         return
     for ckpt in (run_dir / "checkpoints").glob("iter_*"):
-        assert all((ckpt / f).is_file() for f in train.CHECKPOINT_FILES), ckpt
+        assert all((ckpt / f).is_file() for f in rundir.CHECKPOINT_FILES), ckpt
     if not (run_dir / "config.json").exists():
         return
     train.main(["--resume", str(run_dir), "--no-progress"])
@@ -212,13 +214,13 @@ def test_a_half_written_last_line_is_dropped_on_resume(reference, tmp_path):
 def test_truncate_jsonl_keeps_committed_records_and_refuses_corrupt_ones(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"iteration": 0}\n{"iteration": 1}\n\n{"iteration": 2}\n{"iteration": 3, "rew')
-    train.truncate_jsonl(path, 1)
+    rundir.truncate_jsonl(path, 1)
     assert path.read_text() == '{"iteration": 0}\n{"iteration": 1}\n'
-    train.truncate_jsonl(path, -1)
+    rundir.truncate_jsonl(path, -1)
     assert path.read_text() == ""
     path.write_text('{"iteration": 1}\nnot json\n{"iteration": 2}\n')
     with pytest.raises(SystemExit, match=r"metrics.jsonl:2: not a JSON record"):
-        train.truncate_jsonl(path, 5)
+        rundir.truncate_jsonl(path, 5)
 
 
 def test_a_crash_before_the_first_checkpoint_starts_over(reference, tmp_path):
@@ -274,7 +276,7 @@ def test_nan_stops_the_run_naming_the_phase_and_keeps_the_last_good_checkpoint(
     assert f"iteration 2: {tensor} contains NaN/inf" in message and f"(phase: {phase})" in message
     assert "iter_000001 is the last good checkpoint" in message and f"--resume {run_dir}" in message
     # Nothing of iteration 2 was saved; iteration 1 still loads, and --resume goes on exactly.
-    assert train.latest_checkpoint(run_dir).name == "iter_000001"
+    assert rundir.latest_checkpoint(run_dir).name == "iter_000001"
     assert [r["iteration"] for r in records(run_dir)] == [0, 1]
     monkeypatch.undo()
     train.main(["--resume", str(run_dir), "--no-progress"])
@@ -287,7 +289,7 @@ def test_nonfinite_gradient_stops_the_update(reference, tmp_path, monkeypatch):
     monkeypatch.setattr(train.torch.nn.utils, "clip_grad_norm_", lambda params, max_norm: torch.tensor(float("inf")))
     with pytest.raises(FloatingPointError, match=r"iteration 2: gradient_norm contains NaN/inf .*\(phase: update\)"):
         train.main(["--resume", str(run_dir), "--no-progress"])
-    assert train.latest_checkpoint(run_dir).name == "iter_000001"
+    assert rundir.latest_checkpoint(run_dir).name == "iter_000001"
 
 
 def test_the_command_line_reports_a_nan_without_a_traceback(tiny_dir, tmp_path):
@@ -320,7 +322,7 @@ def test_all_rewards_equal_is_logged_and_the_update_runs(tiny_dir, tmp_path, cap
     assert row["reward"] == 0 and "rewards_equal" in row["warnings"]
     assert "policy_loss" in row and row["optimizer_steps"] > 0
     assert "all 6 rewards are 0: no reward signal" in capsys.readouterr().err
-    assert train.latest_checkpoint(run_dir).name == "iter_000001"
+    assert rundir.latest_checkpoint(run_dir).name == "iter_000001"
 
 
 def test_every_response_truncated_is_logged(tiny_dir, tmp_path, capsys):
@@ -331,4 +333,4 @@ def test_every_response_truncated_is_logged(tiny_dir, tmp_path, capsys):
     assert {"all_truncated", "rewards_equal"} <= set(row["warnings"])
     err = capsys.readouterr().err
     assert "every response hit --max-new-tokens 1 without EOS" in err
-    assert train.latest_checkpoint(run_dir).name == "iter_000001"
+    assert rundir.latest_checkpoint(run_dir).name == "iter_000001"

@@ -1,9 +1,8 @@
-"""Answer extraction, correctness, reward and data loading."""
+"""Answer extraction, correctness and the reward on GSM8K-style answers."""
 
 import pytest
 
-import reward
-from reward import extract_answer, is_correct, load_task, normalize_number, reward_fn
+from reward import extract_answer, is_correct, normalize_number, reward_fn
 
 EXTRACTION = [
     # (completion, expected normalised answer or None)
@@ -75,35 +74,3 @@ def test_reward_never_evaluates_text():
     assert extract_answer("#### 2**1000000") == "2"
 
 
-def test_load_local_gsm8k():
-    task = load_task("gsm8k", "train", source="local")
-    assert len(task.examples) == 7473 and "local file data/gsm8k/train.jsonl" in task.source
-    first = task.examples[0]
-    assert first.gold == "72" and "<<" not in first.solution and first.solution.endswith("#### 72")
-    assert len(load_task("gsm8k", "test", source="local").examples) == 1319
-
-
-@pytest.mark.parametrize("content,message", [
-    (b'{"question": "q", "answer": "a #### 1"}\n{not json\n', ":2: not valid JSON"),
-    (b'{"question": "q"}\n', ":1: missing or non-string field 'answer'"),
-    (b'{"question": "q", "answer": "no marker"}\n', ":1: the answer has no '#### N'"),
-    (b'{"question": "q", "answer": "#### many"}\n', ":1: the final answer after '####' is not a number"),
-    (b'', ": no examples (the file is empty)"),
-    (b'{"question": "q\xff", "answer": "#### 1"}\n', ":1: not valid UTF-8"),
-])
-def test_bad_data_names_file_and_line(tmp_path, monkeypatch, content, message):
-    (tmp_path / "gsm8k").mkdir()
-    path = tmp_path / "gsm8k" / "train.jsonl"
-    path.write_bytes(content)
-    monkeypatch.setattr(reward, "DATA_DIR", tmp_path)
-    with pytest.raises(SystemExit) as err:
-        load_task("gsm8k", "train", source="local")
-    assert str(path) + message in str(err.value)
-
-
-def test_unknown_task_and_missing_file(tmp_path, monkeypatch):
-    with pytest.raises(SystemExit, match="--dataset 'nope': unknown task"):
-        load_task("nope", "train")
-    monkeypatch.setattr(reward, "DATA_DIR", tmp_path)
-    with pytest.raises(SystemExit, match="data file not found"):
-        load_task("gsm8k", "train", source="local")

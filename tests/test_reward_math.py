@@ -1,17 +1,19 @@
-"""MATH-style tasks (math500, college_math, olympiadbench) and ECQA: loading the shipped data,
-prompts, answer extraction, equivalence, the time limit on a check, and bad data."""
+"""MATH-style tasks (math500, college_math, olympiadbench) and ECQA: answer extraction,
+equivalence on the shipped golds, prompts, and the time limit on a check. (Loading them and
+bad data: test_data.py.)"""
 
 import json
 import signal
-import sys
 import threading
 import time
-import types
 
 import pytest
 
+import data
 import reward
-from reward import MATH_VERIFY_TIMEOUT_S, extract_answer, is_correct, load_task, make_prompt, reward_fn
+from data import load_task, make_prompt
+from reward import MATH_VERIFY_TIMEOUT_S, extract_answer, is_correct, reward_fn
+from test_data import ROWS
 
 SLACK_S = 1.5   # scheduling slack on a shared 2-core machine, on top of MATH_VERIFY_TIMEOUT_S
 BOUND_S = MATH_VERIFY_TIMEOUT_S + SLACK_S
@@ -100,19 +102,6 @@ def test_table_is_large_balanced_and_grounded():
 
 # ------------------------------------------------------------------ the shipped data sets
 
-ROWS = {"math500": 500, "college_math": 2818, "olympiadbench": 675}
-
-
-@pytest.mark.parametrize("name", sorted(ROWS))
-def test_shipped_file_loads_every_row(name):
-    path = reward.DATA_DIR / name / "test.jsonl"
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    task = load_task(name, "test")
-    assert len(lines) == len(task.examples) == ROWS[name]
-    assert task.source == f"local file data/{name}/test.jsonl" + (" (offline)" if name == "math500" else "")
-    assert all(e.question and e.gold and e.solution for e in task.examples)
-    assert task.examples[-1].where == f"{path}:{len(lines)}"
-
 
 @pytest.mark.parametrize("name", sorted(ROWS))
 def test_reference_solutions_earn_the_reward(name):
@@ -124,7 +113,7 @@ def test_reference_solutions_earn_the_reward(name):
 def test_math500_gold_is_the_boxed_answer_and_the_answer_is_line():
     """Two independent readings of each row agree: our last-\\boxed parser, and the
     "The answer is: X" line the copy appends."""
-    path = reward.DATA_DIR / "math500" / "test.jsonl"
+    path = data.DATA_DIR / "math500" / "test.jsonl"
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     for row, e in zip(rows, load_task("math500", "test").examples):
         assert e.gold == row["answer"].rsplit("The answer is:", 1)[1].strip()
@@ -149,23 +138,6 @@ def test_every_gold_parses_with_math_verify(name):
         if not (parsed and isinstance(parsed[0], (Basic, MatrixBase))):
             unparsed.add(int(e.where.rsplit(":", 1)[1]))
     assert unparsed == UNPARSEABLE_LINES[name]
-
-
-def test_college_math_and_olympiadbench_golds_lose_their_dollars():
-    college = load_task("college_math", "test").examples
-    assert college[0].gold == "10-4 n" and college[1].gold == "(45,2),(-10,-9)"
-    olympiad = load_task("olympiadbench", "test").examples
-    assert olympiad[13].gold == "69,84"                 # the row says ["$69$,$84$"]
-    assert all("$" not in e.gold for e in olympiad)
-    assert all(e.solution.endswith(f"\\boxed{{{e.gold}}}.") for e in olympiad)
-
-
-def test_olympiadbench_several_final_answers_become_one_set(tmp_path, monkeypatch):
-    row = {"question": "q", "solution": ["s"], "final_answer": ["$1$", "$\\frac{1}{2}$"]}
-    example = reward._parse_olympiadbench_row(row, "x:1")
-    assert example.gold == "1,\\frac{1}{2}"
-    assert is_correct("0.5, 1", example.gold, "olympiadbench")
-    assert not is_correct("1", example.gold, "olympiadbench")
 
 
 # ------------------------------------------------------------------ extraction
@@ -321,111 +293,4 @@ def test_a_running_outer_timer_is_left_alone():
 
 # ------------------------------------------------------------------ splits, hub and bad data
 
-@pytest.mark.parametrize("name", sorted(ROWS))
-def test_no_train_split_says_so(name):
-    with pytest.raises(SystemExit, match=f"--dataset {name}: no 'train' split is available offline"):
-        load_task(name, "train")
 
-
-def test_ecqa_has_no_offline_copy(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for split, source in [("train", "auto"), ("test", "auto"), ("train", "local")]:
-        with pytest.raises(SystemExit, match="--dataset ecqa: no offline copy exists; it loads from the hub"):
-            load_task("ecqa", split, source)
-
-
-def _fake_hub(monkeypatch, rows=None, error=None):
-    """datasets.load_dataset replaced: returns `rows`, or raises `error`."""
-    calls = []
-
-    def load_dataset(repo, config, split):
-        calls.append((repo, config, split))
-        if error is not None:
-            raise error
-        return rows
-
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    return calls
-
-
-ECQA_ROW = {"q_text": "Why do people fear the unknown?", "q_op1": "knowledge", "q_op2": "ignorance",
-            "q_op3": "light", "q_op4": "joy", "q_op5": "food", "q_ans": "ignorance",
-            "taskB": "Not knowing something makes people afraid of it."}
-
-
-def test_ecqa_from_the_hub(monkeypatch):
-    calls = _fake_hub(monkeypatch, rows=[ECQA_ROW])
-    task = load_task("ecqa", "train")
-    assert calls == [("tasksource/ecqa", None, "train")]
-    assert task.source == "hub tasksource/ecqa (default/train)"
-    (e,) = task.examples
-    assert e.gold == "B) ignorance" and e.question.endswith("\nA) knowledge\nB) ignorance\nC) light\nD) joy\nE) food")
-    assert e.solution.endswith("\nAnswer: B") and reward_fn(e.solution, e.gold, "ecqa") == 1.0
-
-
-def test_ecqa_bad_row_names_its_place(monkeypatch):
-    _fake_hub(monkeypatch, rows=[ECQA_ROW, {**ECQA_ROW, "q_ans": "fear"}])
-    with pytest.raises(SystemExit, match=r"hub:tasksource/ecqa/test\[1\]: the answer 'fear' is none of the five"):
-        load_task("ecqa", "test")
-    _fake_hub(monkeypatch, rows=[{k: v for k, v in ECQA_ROW.items() if k != "q_op3"}])
-    with pytest.raises(SystemExit, match=r"test\[0\]: missing, empty or non-string field 'q_op3'"):
-        load_task("ecqa", "test")
-
-
-def test_ecqa_unreachable_hub(monkeypatch):
-    _fake_hub(monkeypatch, error=ConnectionError("no route to host"))
-    with pytest.raises(SystemExit, match=r"no offline copy exists.*could not be reached \(no route to host\)"):
-        load_task("ecqa", "train")
-
-
-def test_math500_from_the_hub_and_its_fallback(monkeypatch):
-    row = {"problem": "What is 1/2 + 1/2?", "solution": r"It is $\boxed{1}$.", "answer": "1"}
-    _fake_hub(monkeypatch, rows=[row])
-    task = load_task("math500", "test")
-    assert task.source == "hub HuggingFaceH4/MATH-500 (default/test)" and task.examples[0].gold == "1"
-    _fake_hub(monkeypatch, error=OSError("offline"))
-    task = load_task("math500", "test")
-    assert len(task.examples) == 500 and task.source == "local file data/math500/test.jsonl (hub not used: offline)"
-
-
-BAD_ROWS = [
-    # (task, file content, message after "<path>")
-    ("math500", b'{"question": "q", "answer": "\\\\boxed{1}"}\n{not json\n', ":2: not valid JSON"),
-    ("math500", b'{"question": "q"}\n', ":1: missing, empty or non-string field 'answer'"),
-    ("math500", b'{"question": "q", "answer": "no box. The answer is: 1"}\n', ":1: the solution has no \\boxed{...}"),
-    ("math500", b'[1, 2]\n', ":1: expected a JSON object"),
-    ("math500", b'', ": no examples (the file is empty)"),
-    ("math500", b'{"question": "q\xff", "answer": "\\\\boxed{1}"}\n', ":1: not valid UTF-8"),
-    ("college_math", b'{"question": "q", "answer": "$1$"}\n\n{"question": "q", "answer": 2}\n',
-     ":3: missing, empty or non-string field 'answer'"),
-    ("college_math", b'{"question": "q", "answer": "$ $"}\n', ":1: the answer is empty"),
-    ("olympiadbench", b'{"question": "q", "solution": ["s"], "final_answer": "$1$"}\n',
-     ":1: field 'final_answer' must be a non-empty list"),
-    ("olympiadbench", b'{"question": "q", "solution": [], "final_answer": ["1"]}\n',
-     ":1: field 'solution' must be a non-empty list"),
-    ("olympiadbench", b'{"question": "q", "solution": ["s"], "final_answer": ["$$"]}\n',
-     ":1: an entry of 'final_answer' holds nothing but $ signs"),
-    ("gsm8k", b'{"question": "q", "answer": "no marker"}\n', ":1: the answer has no '#### N'"),
-]
-
-
-@pytest.mark.parametrize("task,content,message", BAD_ROWS)
-def test_bad_rows_name_file_and_line(tmp_path, monkeypatch, task, content, message):
-    (tmp_path / task).mkdir()
-    path = tmp_path / task / ("test.jsonl" if task != "gsm8k" else "train.jsonl")
-    path.write_bytes(content)
-    monkeypatch.setattr(reward, "DATA_DIR", tmp_path)
-    with pytest.raises(SystemExit) as err:
-        load_task(task, "test" if task != "gsm8k" else "train", source="local")
-    assert str(path) + message in str(err.value)
-
-
-@pytest.mark.parametrize("name", sorted(ROWS))
-def test_missing_file_and_unknown_name(tmp_path, monkeypatch, name):
-    monkeypatch.setattr(reward, "DATA_DIR", tmp_path)
-    with pytest.raises(SystemExit, match=f"{tmp_path / name / 'test.jsonl'}: data file not found"):
-        load_task(name, "test", source="local")
-    with pytest.raises(SystemExit, match="--dataset 'math5000': unknown task; known tasks: gsm8k, math500"):
-        load_task("math5000", "test")

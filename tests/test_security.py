@@ -9,6 +9,7 @@ import pytest
 import transformers
 
 import model
+import rundir
 import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,9 +125,9 @@ def test_checkpoints_hold_only_safetensors_and_json(tiny_dir, tmp_path):
                           "--prompts-per-iter", "1", "--samples-per-prompt", "2", "--max-new-tokens", "4",
                           "--val-size", "2", "--eval-every", "0", "--truncation-penalty", "1", "--no-progress",
                           "--data-source", "local"])
-    ckpt = train.latest_checkpoint(run_dir)
+    ckpt = rundir.latest_checkpoint(run_dir)
     assert {p.suffix for p in ckpt.iterdir()} == {".safetensors", ".json"}
-    assert sorted(p.name for p in ckpt.iterdir()) == sorted(train.CHECKPOINT_FILES)
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(rundir.CHECKPOINT_FILES)
     for p in ckpt.glob("*.safetensors"):
         with safe_open(p, framework="pt") as f:
             assert list(f.keys()) is not None

@@ -26,7 +26,7 @@ def test_onepass_equals_loop_on_the_offline_gemma_270m():
     from influence import episode_gradients, influence_scores, onepass_scores, validation_gradient
     from model import load_policy, lora_parameters
     from ppo import whiten
-    from reward import load_task, make_prompt
+    from data import load_task, make_prompt
     from rollout import encode_pairs, generate_rollouts
 
     torch.manual_seed(0)  # the LoRA A initialisation

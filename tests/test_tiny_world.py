@@ -7,7 +7,7 @@ import torch
 
 import model
 import tiny_world
-from reward import generate_arith
+from data import generate_arith
 from rollout import encode_pairs
 
 
@@ -46,7 +46,7 @@ def test_training_text_is_what_the_pipeline_feeds_the_model():
     tok = tiny_world.char_tokenizer()
     examples = generate_arith("train")[:3]
     batch = tiny_world.sft_batch(tok, examples)
-    from reward import make_prompt
+    from data import make_prompt
     seqs = encode_pairs(tok, [make_prompt(e.question, "arith") for e in examples], [e.solution for e in examples])
     for i in range(3):
         ours = batch["input_ids"][i][batch["attention_mask"][i].bool()].tolist()

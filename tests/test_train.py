@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import rundir
 import train
+from config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 # The tiny model almost never answers correctly; the truncation penalty gives rewards that
@@ -117,10 +119,10 @@ def test_help_documents_every_flag_with_its_default():
                          check=True).stdout
     flat = " ".join(out.split())
     import dataclasses
-    for f in dataclasses.fields(train.Config):
+    for f in dataclasses.fields(Config):
         name = "--" + f.name.replace("_", "-")
         assert name in flat, name
-    assert flat.count("(default:") >= len(dataclasses.fields(train.Config))
+    assert flat.count("(default:") >= len(dataclasses.fields(Config))
 
 
 def test_iteration_with_every_episode_dropped_skips_the_update(tiny_dir, tmp_path, capsys):
@@ -133,7 +135,7 @@ def test_iteration_with_every_episode_dropped_skips_the_update(tiny_dir, tmp_pat
     assert row["kept"] == 0 and row["skipped"] is True and "policy_loss" not in row
     assert row["warnings"] == ["rewards_equal", "nothing_kept"]
     assert "[it 1] warning: every episode scored <= 0: update skipped" in capsys.readouterr().err
-    assert train.latest_checkpoint(run_dir).name == "iter_000001"   # the iteration is still committed
+    assert rundir.latest_checkpoint(run_dir).name == "iter_000001"   # the iteration is still committed
 
 
 def test_onepass_and_loop_runs_give_the_same_scores(tiny_dir, tmp_path):

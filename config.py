@@ -1,0 +1,247 @@
+"""The configuration of a run: every flag of train.py, its default and help, and the checks.
+
+`Config` is the one place where a setting is named, given its default and explained; the
+choices the paper leaves open that are settings (lambda 1, the value head's learning rate, no
+value clipping, the whitening floor) are commented where their default is set. Flags are
+checked three times, each before any work it would waste: `Config.validate` at start (ranges
+and combinations), `check_against_model` from the model's config alone (before the weights
+load), `check_against_data` and `check_against_world` once the data and the number of
+torchrun processes are known. A refused flag ends the run with one message naming it.
+
+Public:
+    Config                              the dataclass of all settings (config.json of a run)
+    parse_config(argv) -> Config        the command line, or with --resume the run's config.json
+    add_config_flags(parser, names)     Config's fields as argparse flags (compare.py uses it)
+    check_against_model(cfg, info), check_against_world(cfg, world), check_against_data(cfg, n)
+    read_saved_config(path) -> dict     a run's config.json, checked field by field
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from data import ARITH_DIGITS, ARITH_TERMS
+from model import OFFLINE_DEFAULT, ModelInfo
+from reward import TASKS
+
+DESCRIPTION = "I-PPO: Influence-Guided PPO post-training of an LLM on math word problems."
+
+
+def flag(default, help, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class Config:
+    # what to train
+    model: str = flag(OFFLINE_DEFAULT, "hub id (google/gemma-3-1b-it), local directory, or the offline default")
+    dataset: str = flag("gsm8k", "task to train and evaluate on", choices=TASKS)
+    data_source: str = flag("auto", "auto: the hub if it has the task, unless HF_HUB_OFFLINE=1 or unreachable; "
+                            "else data/", choices=("auto", "hub", "local"))
+    arith_digits: int = flag(ARITH_DIGITS, "--dataset arith: digits of every number in a problem")
+    arith_terms: int = flag(ARITH_TERMS, "--dataset arith: numbers per problem (terms - 1 additions or subtractions)")
+    algo: str = flag("ppo", "ppo (with or without influence) or sft (LoRA on reference solutions)", choices=("ppo", "sft"))
+    influence: str = flag("on", "on: I-PPO; off: plain PPO", choices=("on", "off"))
+    reweight: bool = flag(True, "weight kept episodes by s_i / mean kept s (--no-reweight: binary filter)")
+    influence_method: str = flag("onepass", "how scores are computed: onepass (one batched backward per --micro-batch-size episodes, exact) or "
+                                 "loop (one backward per episode, the readable reference)", choices=("onepass", "loop"))
+    random_filter: bool = flag(False, "control: drop as many episodes as influence would, chosen at random")
+    init_adapter: str = flag("", "start from this checkpoint's LoRA adapters (e.g. an --algo sft run)")
+    # schedule and sampling
+    iterations: int = flag(100, "training iterations (PPO: one rollout buffer each; SFT: one batch each)")
+    prompts_per_iter: int = flag(16, "training questions per iteration")
+    samples_per_prompt: int = flag(4, "sampled responses per question (N = prompts x samples episodes)")
+    max_new_tokens: int = flag(256, "response length limit in tokens; longer responses are truncated")
+    temperature: float = flag(1.0, "sampling temperature; log-probs use logits / temperature")
+    gen_batch_size: int = flag(16, "episodes per generate() and no-grad forward call")
+    # PPO (Schulman et al. 2017) and the KL-penalised reward
+    ppo_epochs: int = flag(2, "passes over the kept episodes per iteration")
+    minibatch_size: int = flag(16, "episodes per optimizer step")
+    micro_batch_size: int = flag(4, "episodes per forward/backward (memory only; does not change the math)")
+    lr: float = flag(5e-5, "AdamW learning rate for the LoRA adapters")
+    # Our choice: the value head has a learning rate of its own. It starts at V = 0 and is of
+    # use as a baseline only once it has caught up with the returns; AdamW at the LoRA rate
+    # (5e-5) moves each of its weights by about 5e-5 a step. 1e-3 is what the tiny world's runs
+    # used (README, "See PPO learn in minutes", where it made no measurable difference).
+    value_lr: float = flag(1e-3, "AdamW learning rate for the value head")
+    max_grad_norm: float = flag(1.0, "gradient clipping (global L2 norm)")
+    clip_eps: float = flag(0.2, "PPO ratio clip epsilon")
+    # Our choice: no value clipping by default. With rewards in [0, 1] a clip of 0.2 lets V
+    # move at most 0.2 towards a return per iteration, which holds back a fresh critic.
+    value_clip_eps: float = flag(0.0, "value clip epsilon (0: no clipping)")
+    vf_coef: float = flag(0.1, "value-loss coefficient c_v")
+    ent_coef: float = flag(0.0, "entropy bonus coefficient c_e")
+    kl_beta: float = flag(0.05, "per-token KL penalty beta against the reference policy")
+    gamma: float = flag(1.0, "discount")
+    # Our choice: lambda 1. The reward comes at the last token only; with lambda 0.95 the
+    # advantage of token t is about 0.95^(L-1-t) x the reward while V is still near 0, so the
+    # first tokens of a long answer get almost no credit. With gamma = lambda = 1,
+    # A_t = R - V(s_t): every token sees the episode's outcome, relative to the critic.
+    lam: float = flag(1.0, "GAE lambda")
+    advantage: str = flag("gae", "gae: PPO's per-token advantages from the value head (GAE); grpo: GRPO's "
+                          "(r_i - mean) / (std + eps) over the samples of the same prompt, the same for every "
+                          "token, no value loss", choices=("gae", "grpo"))
+    adv_std_floor: float = flag(0.1, "advantages are divided by max(std, this) when whitened: a batch with "
+                                "(almost) equal rewards keeps small advantages (0: plain whitening)")
+    truncation_penalty: float = flag(0.0, "subtracted from the reward of a response cut off at --max-new-tokens")
+    reward_noise: float = flag(0.0, "research knob: flip each episode's correctness with this probability before "
+                               "the reward (planted noise; episodes.jsonl records which were flipped)")
+    # influence
+    val_size: int = flag(32, "validation set for g_val: the last K rows of the training split (never trained on)")
+    val_batch_size: int = flag(8, "validation examples per forward/backward for g_val")
+    stop_below_kept: float = flag(0.0, "optional stop rule: end the run once the kept fraction falls below this (0 = off)")
+    # SFT
+    sft_batch_size: int = flag(8, "--algo sft: reference solutions per optimizer step")
+    # LoRA
+    lora_rank: int = flag(8, "LoRA rank r")
+    lora_alpha: float = flag(16.0, "LoRA alpha (scale alpha / r)")
+    lora_targets: str = flag("q_proj,k_proj,v_proj,o_proj", "comma-separated linear layers that get adapters")
+    # evaluation, output, reproducibility
+    eval_every: int = flag(10, "greedy exact-match evaluation every K iterations, before the first and after the last (0 = off)")
+    eval_limit: int = flag(50, "evaluate on the first K problems of the test split")
+    eval_split: str = flag("test", "what --eval-every evaluates: test (the test split) or val (the validation rows, "
+                           "for tuning settings without looking at the test split)", choices=("test", "val"))
+    eval_max_new_tokens: int = flag(256, "response length limit for evaluation")
+    run_dir: str = flag("", "where to write the run (default runs/<date>-<time>-ppo-influence, -ppo-plain or -sft)")
+    resume: str = flag("", "continue the run in this directory from its latest checkpoint")
+    keep_checkpoints: int = flag(2, "how many most recent checkpoints to keep")
+    seed: int = flag(0, "the one seed: data order, sampling, random filter")
+    device: str = flag("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
+    trust_remote_code: bool = flag(False, "allow a hub model to run its own code (off unless asked)")
+    progress: bool = flag(True, "tqdm progress bars (--no-progress to hide)")
+    plots: bool = flag(True, "write plots.png and report.html into the run directory at the end (--no-plots to skip)")
+
+    def validate(self) -> None:
+        """Refuse nonsense at start, naming the flag. (Flags that must fit the model or the data
+        are checked in check_against_model and check_against_data, before the model load.)"""
+        def need(ok, name, what):
+            if not ok:
+                raise SystemExit(f"--{name.replace('_', '-')}: {what} (got {getattr(self, name)!r})")
+        for f in dataclasses.fields(self):
+            if f.type in (float, "float"):
+                need(math.isfinite(getattr(self, f.name)), f.name, "must be a finite number")
+        for name in ("iterations", "prompts_per_iter", "samples_per_prompt", "max_new_tokens", "gen_batch_size",
+                     "ppo_epochs", "minibatch_size", "micro_batch_size", "val_size", "val_batch_size",
+                     "sft_batch_size", "lora_rank", "eval_limit", "eval_max_new_tokens", "keep_checkpoints"):
+            need(getattr(self, name) > 0, name, "must be a positive integer")
+        for name in ("temperature", "lr", "value_lr", "clip_eps", "lora_alpha", "max_grad_norm"):
+            need(getattr(self, name) > 0, name, "must be > 0")
+        for name in ("vf_coef", "ent_coef", "kl_beta", "truncation_penalty", "eval_every", "value_clip_eps",
+                     "adv_std_floor"):
+            need(getattr(self, name) >= 0, name, "must be >= 0")
+        need(0 <= self.gamma <= 1, "gamma", "must be in [0, 1]")
+        need(0 <= self.lam <= 1, "lam", "must be in [0, 1]")
+        need(0 <= self.stop_below_kept < 1, "stop_below_kept", "must be in [0, 1)")
+        need(0 <= self.reward_noise <= 1, "reward_noise", "must be a probability in [0, 1]")
+        need(self.lora_targets.strip() != "", "lora_targets", "must name at least one layer")
+        need(all(t.isidentifier() for t in self.targets()), "lora_targets",
+             "must be comma-separated layer names such as q_proj,v_proj")
+        need(len(set(self.targets())) == len(self.targets()), "lora_targets", "names a layer twice")
+        need(re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device), "device", "must be auto, cpu, cuda, cuda:N or mps")
+        need(not self.device.startswith("cuda") or torch.cuda.is_available(), "device", "no CUDA GPU is visible to torch")
+        need(self.device != "mps" or torch.backends.mps.is_available(), "device", "Apple MPS is not available")
+        need(not (self.influence == "off" and self.random_filter), "random_filter",
+             "needs --influence on (it drops as many episodes as the scores would)")
+        need(not (self.influence == "off" and not self.reweight), "reweight",
+             "--no-reweight needs --influence on")
+
+    def targets(self) -> list[str]:
+        """--lora-targets as a list of layer names."""
+        return [t.strip() for t in self.lora_targets.split(",")]
+
+
+def check_against_model(cfg: Config, model: ModelInfo) -> None:
+    """Flags that must fit the model, checked from its config alone (before the weights load)."""
+    for name in ("max_new_tokens", "eval_max_new_tokens"):
+        if getattr(cfg, name) >= model.context:
+            raise SystemExit(f"--{name.replace('_', '-')} {getattr(cfg, name)}: longer than the model's context "
+                             f"({model.context} tokens, prompt included)")
+    unknown = [t for t in cfg.targets() if t not in model.linear_names]
+    if unknown:
+        raise SystemExit(f"--lora-targets: {cfg.model} has no linear layer named {unknown}; "
+                         f"its linear layers are {model.linear_names}")
+
+
+def check_against_world(cfg: Config, world: int) -> None:
+    """Under torchrun every rank needs at least one prompt, validation row and SFT example."""
+    for name in ("prompts_per_iter", "val_size", "sft_batch_size"):
+        if getattr(cfg, name) < world:
+            raise SystemExit(f"--{name.replace('_', '-')} {getattr(cfg, name)}: fewer than the {world} torchrun "
+                             "processes; each process needs at least one")
+
+
+def check_against_data(cfg: Config, n_train_rows: int) -> None:
+    if cfg.val_size >= n_train_rows:
+        raise SystemExit(f"--val-size {cfg.val_size}: the training split has only {n_train_rows} rows "
+                         "(the validation set is taken from it and some must remain to train on)")
+
+
+def add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
+    """One command-line flag per Config field (or per field in `names`), with its default and help."""
+    for f in dataclasses.fields(Config):
+        if names is not None and f.name not in names:
+            continue
+        name = "--" + f.name.replace("_", "-")
+        if f.type in (bool, "bool"):
+            parser.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+        else:
+            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+            parser.add_argument(name, type=kind, default=f.default, choices=f.metadata.get("choices"),
+                                help=f.metadata["help"])
+
+
+def parse_config(argv=None) -> Config:
+    parser = argparse.ArgumentParser(description=DESCRIPTION,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_config_flags(parser)
+    args = parser.parse_args(argv)
+    cfg = Config(**vars(args))
+    if cfg.resume:
+        cfg = resumed_config(cfg, parser)
+    cfg.validate()
+    return cfg
+
+
+def resumed_config(cfg: Config, parser) -> Config:
+    """--resume uses the run's saved config.json; only --iterations may be changed."""
+    path = Path(cfg.resume) / "config.json"
+    if not path.exists():
+        raise SystemExit(f"--resume {cfg.resume}: no config.json there (not a run directory)")
+    saved = Config(**read_saved_config(path))
+    ignored = [f.name for f in dataclasses.fields(Config) if f.name not in ("resume", "iterations", "progress")
+               and getattr(cfg, f.name) != parser.get_default(f.name)]
+    if ignored:
+        print(f"[resume] ignoring {', '.join('--' + n.replace('_', '-') for n in ignored)}: "
+              f"a resumed run keeps its config.json", file=sys.stderr)
+    saved.resume, saved.run_dir, saved.progress = cfg.resume, cfg.resume, cfg.progress
+    if cfg.iterations != parser.get_default("iterations"):
+        saved.iterations = cfg.iterations
+    return saved
+
+
+def read_saved_config(path: Path) -> dict:
+    """config.json of a run, checked field by field (it is a file anyone could have edited)."""
+    try:
+        values = json.loads(path.read_text())
+    except ValueError as err:
+        raise SystemExit(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(values, dict):
+        raise SystemExit(f"{path}: expected a JSON object of flag values")
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise SystemExit(f"{path}: unknown fields {unknown} (not a config.json of this train.py)")
+    for name, value in values.items():
+        kind = {"int": int, "float": (int, float), "str": str, "bool": bool}[str(fields[name].type)]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise SystemExit(f"{path}: field {name!r} should be {fields[name].type}, got {value!r}")
+    return values

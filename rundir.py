@@ -1,0 +1,295 @@
+"""The run directory: crash-safe commits of each iteration, checkpoints, resume.
+
+A run directory holds config.json, data.json, metrics.jsonl, episodes.jsonl and checkpoints/.
+commit_iteration writes an iteration in this order:
+  1. its records are appended to episodes.jsonl and metrics.jsonl, and fsynced;
+  2. its checkpoint is written into checkpoints/.tmp_iter_N, every file fsynced;
+  3. that directory is renamed to checkpoints/iter_N (atomic) and checkpoints/ is fsynced;
+  4. checkpoints/latest is replaced (latest.tmp, fsync, rename: atomic) to name iter_N;
+  5. checkpoints older than the newest --keep-checkpoints are renamed away, then deleted.
+Step 4 is the commit point. A crash (SIGKILL, power loss) before it leaves the previous
+checkpoint as `latest`, and --resume drops the records of step 1 (a half-written last line
+included); a crash after it leaves the new one. Every iter_* directory is complete: one
+appears and disappears only by a rename. Either way the resumed run continues exactly.
+
+Checkpoints hold safetensors and JSON only (no pickle): the LoRA adapters and value head, the
+optimizer state, the RNG state and the iteration. A checkpoint directory, or a run directory
+(its latest checkpoint), is what --init-adapter and evaluate.py --adapter take.
+
+Public:
+    open_run_dir(cfg) -> Path            create (or reopen with --resume) and write config.json
+    commit_iteration(run_dir, it, cfg, metrics, episodes, policy, optimizer) -> checkpoint
+    restore_run(run_dir, keep, policy, optimizer) -> completed iterations (--resume)
+    latest_checkpoint(run_dir), resolve_checkpoint(path, flag), load_checkpoint(run_dir, ...)
+    write_atomic(path, text), append_jsonl(path, records), truncate_jsonl(path, last_iteration)
+    last_good_checkpoint_on_fault(run_dir)   context: a NaN/inf names the checkpoint to resume
+    crash_hook                           tests set it to crash between two filesystem steps
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from config import Config
+from model import load_adapter, save_adapter
+
+
+CHECKPOINT_FILES = ("adapter.safetensors", "adapter.json", "optimizer.safetensors", "optimizer.json",
+                    "rng.safetensors", "state.json")
+
+
+# Tests set this to a function of the step's name (one that SIGKILLs the process at the k-th
+# step, say) to check that a crash between any two filesystem steps of a commit leaves a run
+# that resumes exactly. None in normal use.
+crash_hook = None
+
+
+def fs_step(name: str) -> None:
+    """A point between two filesystem steps of commit_iteration (see crash_hook)."""
+    if crash_hook is not None:
+        crash_hook(name)
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file, or a directory's list of names (so that a rename in it survives power loss)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` by `text`: a crash leaves the old content or the new, never a mix."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+
+
+def append_jsonl(path: Path, records: list[dict]) -> None:
+    with open(path, "a") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the checkpoint that covers these records
+
+
+def truncate_jsonl(path: Path, last_iteration: int) -> None:
+    """Keep the records of iterations <= last_iteration: later ones were appended after the
+    checkpoint we resume from, by a run that crashed before committing them. Text after the
+    last newline is a write that such a crash cut short, dropped too. A line before it that is
+    not JSON was not written by a crash: the resume stops there, naming it."""
+    if not path.exists():
+        return
+    complete, _, torn = path.read_bytes().rpartition(b"\n")
+    if torn:
+        print(f"[resume] {path}: dropping a half-written last line ({len(torn)} bytes)", file=sys.stderr)
+    kept = []
+    for line_no, line in enumerate(complete.split(b"\n") if complete else [], start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as err:
+            raise SystemExit(f"{path}:{line_no}: not a JSON record ({err}); fix or remove that line") from err
+        if record.get("iteration", 0) <= last_iteration:
+            kept.append(line.decode() + "\n")
+    write_atomic(path, "".join(kept))
+
+
+def lora_settings(cfg: Config) -> dict:
+    return {"model": cfg.model, "targets": cfg.targets(), "rank": cfg.lora_rank, "alpha": cfg.lora_alpha}
+
+
+def save_optimizer(optimizer, directory: Path) -> None:
+    """AdamW state: its tensors as safetensors, its hyper-parameters as JSON (no pickle)."""
+    from safetensors.torch import save_file
+
+    state = optimizer.state_dict()
+    tensors = {f"{index}.{name}": value for index, per_param in state["state"].items()
+               for name, value in per_param.items()}
+    not_tensors = [k for k, v in tensors.items() if not isinstance(v, torch.Tensor)]
+    if not_tensors:
+        raise TypeError(f"optimizer state {not_tensors[:3]} is not a tensor: save_optimizer stores tensors only")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, directory / "optimizer.safetensors")
+    (directory / "optimizer.json").write_text(json.dumps({"param_groups": state["param_groups"]}, indent=2))
+
+
+def load_optimizer(optimizer, directory: Path) -> None:
+    from safetensors.torch import load_file
+
+    state = {}
+    for key, value in load_file(directory / "optimizer.safetensors").items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    groups = json.loads((directory / "optimizer.json").read_text())["param_groups"]
+    for group in groups:  # JSON turned tuples such as betas into lists
+        group.update({k: tuple(v) for k, v in group.items() if isinstance(v, list) and k != "params"})
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def discard(directory: Path) -> None:
+    """Remove a directory by renaming it away first, so no iter_* directory is ever partial."""
+    trash = directory.with_name(".trash_" + directory.name)
+    shutil.rmtree(trash, ignore_errors=True)
+    os.replace(directory, trash)
+    fs_step(f"renamed {directory.name} away")
+    shutil.rmtree(trash)
+    fs_step(f"deleted {directory.name}")
+
+
+def save_checkpoint(run_dir: Path, iteration: int, cfg: Config, policy, optimizer) -> Path:
+    """checkpoints/iter_NNNNNN/: adapter and value head, optimizer state, RNG state (safetensors)
+    and the iteration (JSON), committed by switching checkpoints/latest (steps 2-5 above)."""
+    from safetensors.torch import save_file
+
+    root = run_dir / "checkpoints"
+    final, tmp = root / f"iter_{iteration:06d}", root / f".tmp_iter_{iteration:06d}"
+    tidy_checkpoints(root, cfg.keep_checkpoints)
+    tmp.mkdir(parents=True)
+    save_adapter(policy, tmp, lora_settings(cfg))
+    fs_step("wrote adapter")
+    save_optimizer(optimizer, tmp)
+    fs_step("wrote optimizer")
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    save_file(rng, tmp / "rng.safetensors")
+    fs_step("wrote rng")
+    (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "config": dataclasses.asdict(cfg)}, indent=2))
+    for f in [*tmp.iterdir(), tmp]:
+        fsync_path(f)
+    fs_step("wrote state.json")
+    if final.exists():  # written by a run that crashed before `latest` named it: never committed
+        discard(final)
+    os.replace(tmp, final)
+    fsync_path(root)
+    fsync_path(run_dir)  # checkpoints/ itself is new at the first commit
+    fs_step(f"renamed to {final.name}")
+    write_atomic(root / "latest", final.name + "\n")
+    fs_step("switched latest")
+    tidy_checkpoints(root, cfg.keep_checkpoints)
+    return final
+
+
+def tidy_checkpoints(root: Path, keep: int) -> None:
+    """Remove what a crash or a commit leaves behind: unfinished .tmp_ and .trash_ directories,
+    checkpoints after `latest` (written, never committed) and all but the newest `keep` up to it."""
+    for leftover in [*root.glob(".tmp_iter_*"), *root.glob(".trash_*")]:
+        shutil.rmtree(leftover)
+    latest = latest_checkpoint(root.parent)
+    if latest is None:
+        return
+    newest_first = sorted(root.glob("iter_*"), reverse=True)   # zero-padded names sort by iteration
+    committed = [p for p in newest_first if p.name <= latest.name]
+    for old in [p for p in newest_first if p.name > latest.name] + committed[keep:]:
+        discard(old)
+
+
+def commit_iteration(run_dir: Path, it: int, cfg: Config, metrics: dict, episodes: list, policy, optimizer) -> Path:
+    """Log iteration `it`, then checkpoint it, in the order described above."""
+    append_jsonl(run_dir / "episodes.jsonl", episodes)
+    fs_step("appended episodes.jsonl")
+    append_jsonl(run_dir / "metrics.jsonl", [{"iteration": it + 1, **metrics}])
+    fs_step("appended metrics.jsonl")
+    return save_checkpoint(run_dir, it + 1, cfg, policy, optimizer)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint checkpoints/latest names, or None before the first commit."""
+    pointer = Path(run_dir) / "checkpoints" / "latest"
+    if not pointer.exists():
+        return None
+    ckpt = pointer.parent / pointer.read_text().strip()
+    missing = [f for f in CHECKPOINT_FILES if not (ckpt / f).is_file()]
+    if missing:
+        raise SystemExit(f"{pointer} names {ckpt.name}, which lacks {', '.join(missing)}: "
+                         "the checkpoint was changed outside train.py")
+    return ckpt
+
+
+def resolve_checkpoint(path: str, flag: str = "") -> Path:
+    """A checkpoint directory, or a run directory (its latest checkpoint). `flag` names the
+    command-line flag that gave `path`, for the error message."""
+    p, where = Path(path), f"{flag} {path}".strip()
+    if (p / "checkpoints").is_dir():
+        latest = latest_checkpoint(p)
+        if latest is None:
+            raise SystemExit(f"{where}: a run directory without a complete checkpoint yet")
+        return latest
+    if not (p / "adapter.safetensors").exists():
+        raise SystemExit(f"{where}: neither a checkpoint directory nor a run directory with checkpoints")
+    return p
+
+
+def load_checkpoint(run_dir: Path, policy, optimizer) -> int:
+    """Restore adapters, value head, optimizer and RNG; returns the completed iteration count."""
+    from safetensors.torch import load_file
+
+    ckpt = resolve_checkpoint(str(run_dir))
+    load_adapter(policy, ckpt)
+    load_optimizer(optimizer, ckpt)
+    rng = load_file(ckpt / "rng.safetensors")
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+    return json.loads((ckpt / "state.json").read_text())["iteration"]
+
+
+def restore_run(run_dir: Path, keep: int, policy, optimizer, writer: bool = True) -> int:
+    """--resume: load the latest checkpoint, drop the log records written after it and what a
+    crash left in checkpoints/. A run that crashed before its first checkpoint starts over
+    (its first evaluation included). Returns the number of completed iterations. Under
+    torchrun every rank loads; only the writer (rank 0) tidies the run directory."""
+    if latest_checkpoint(run_dir) is None:
+        start, keep_through = 0, -1
+        message = f"[resume] {run_dir}: no checkpoint yet, starting from iteration 0"
+    else:
+        start = keep_through = load_checkpoint(run_dir, policy, optimizer)
+        message = f"[resume] {run_dir}: continuing after iteration {start}"
+    if writer:
+        print(message, file=sys.stderr)
+        if start:
+            tidy_checkpoints(run_dir / "checkpoints", keep)
+        for name in ("metrics.jsonl", "episodes.jsonl"):
+            truncate_jsonl(run_dir / name, keep_through)
+    return start
+
+
+def open_run_dir(cfg: Config) -> Path:
+    """Create (or, with --resume, reopen) the run directory and write config.json."""
+    run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}"
+                   f"{'' if cfg.algo == 'sft' else ('-influence' if cfg.influence == 'on' else '-plain')}")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise SystemExit(f"--run-dir {run_dir}: exists and is not a directory")
+    if not cfg.resume and ((run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists()):
+        raise SystemExit(f"--run-dir {run_dir}: already holds a run; use --resume {run_dir} or another directory")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(run_dir / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2))
+    return run_dir
+
+
+@contextmanager
+def last_good_checkpoint_on_fault(run_dir: Path):
+    """A NaN/inf (FloatingPointError) stops the run before anything of its iteration is saved;
+    add where the last good checkpoint is and how to continue from it."""
+    try:
+        yield
+    except FloatingPointError as err:
+        latest = latest_checkpoint(run_dir)
+        kept = f"{latest} is the last good checkpoint" if latest else "no checkpoint had been written yet"
+        raise FloatingPointError(f"{err}. Nothing of that iteration was saved; {kept}; "
+                                 f"--resume {run_dir} continues from it") from err
