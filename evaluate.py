@@ -41,6 +41,7 @@ import data
 import reward
 from model import OFFLINE_DEFAULT, eos_token_ids, load_adapter, load_policy, read_adapter_config
 from rollout import encode_prompts, plain_generate
+from rundir import checkpoint_problems
 
 SAMPLED = ("maj", "pass")  # metrics computed from sampled responses; "em" uses the greedy one
 
@@ -243,6 +244,9 @@ def resolve_adapter(path: str) -> Path:
     if not (p / "adapter.json").exists():
         raise SystemExit(f"--adapter {path}: neither a checkpoint directory (with adapter.json) nor a run "
                          "directory with checkpoints/latest")
+    problems = checkpoint_problems(p, required=("adapter.safetensors", "adapter.json"))
+    if problems:
+        raise SystemExit(f"--adapter {path}: the checkpoint {p} is damaged: {'; '.join(problems)}")
     return p
 
 

@@ -117,10 +117,11 @@ def onepass_scores(policy, rollouts: Rollouts, advantages: torch.Tensor, g_val: 
     scores = []
     for s in range(0, len(rollouts), batch_size):
         part = rollouts.select(range(s, min(s + batch_size, len(rollouts))))
-        seen = {}  # layer index -> [x, d]
+        seen, calls = {}, [0] * len(layers)  # layer index -> [x, d]; forward calls per layer
 
         def record(k):
             def hook(module, inputs, output):
+                calls[k] += 1
                 seen[k] = [inputs[0].detach(), None]
                 output.register_hook(lambda grad: seen[k].__setitem__(1, grad))
             return hook
@@ -135,6 +136,7 @@ def onepass_scores(policy, rollouts: Rollouts, advantages: torch.Tensor, g_val: 
         finally:
             for h in handles:
                 h.remove()
+        check_one_call_per_layer(policy, layers, calls)
         # Per layer, both terms in two matmuls: x [A; V_A]^T = [u, V_A x] and d [V_B, B] = [V_B^T d, B^T d],
         # so their elementwise product summed over the last dim is d^T V_B u + (B^T d)^T V_A x.
         # The matmuls run in the adapters' dtype (fp32); the sums over positions and layers (~10^5 terms of both signs
@@ -143,6 +145,8 @@ def onepass_scores(policy, rollouts: Rollouts, advantages: torch.Tensor, g_val: 
         with torch.no_grad():
             for k, (layer, (V_A, V_B)) in enumerate(zip(layers, slices)):
                 dtype = layer.lora_A.dtype  # fp32 (LoRA weights always are), fp64 in the benchmark's check
+                if seen[k][1] is None:      # the layer ran but the loss does not depend on it: adds 0
+                    continue
                 x, d = seen[k][0].to(dtype), seen[k][1].to(dtype)                    # (n, L, in), (n, L, out)
                 left = x @ torch.cat([layer.lora_A, V_A.to(dtype)]).T                # (n, L, 2r)
                 right = d @ torch.cat([V_B.to(dtype), layer.lora_B], dim=1)          # (n, L, 2r)
@@ -150,6 +154,18 @@ def onepass_scores(policy, rollouts: Rollouts, advantages: torch.Tensor, g_val: 
                 part_scores += layer.scale * per_position.double().sum(-1)           # sum over positions
         scores.append(part_scores.float())
     return torch.cat(scores)
+
+
+def check_one_call_per_layer(policy, layers: list, calls: list[int]) -> None:
+    """onepass_scores records one input and one output gradient per LoRA layer and forward
+    pass: a layer that runs twice (weight sharing) would overwrite its first record and give
+    wrong scores, one that never runs has none. Refuse both, naming the layer."""
+    names = {id(m): name for name, m in policy.named_modules()}
+    wrong = [f"{names.get(id(layer), '?')} ran {n} times" for layer, n in zip(layers, calls) if n != 1]
+    if wrong:
+        raise SystemExit(f"--influence-method onepass assumes every LoRA layer runs exactly once per forward pass; "
+                         f"in this model {', '.join(wrong)}. Use --influence-method loop (per-episode gradients "
+                         "by autograd, correct for any model).")
 
 
 def filter_and_reweight(scores: torch.Tensor):

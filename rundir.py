@@ -17,18 +17,24 @@ optimizer state, the RNG state and the iteration. A checkpoint directory, or a r
 (its latest checkpoint), is what --init-adapter and evaluate.py --adapter take.
 
 Public:
-    open_run_dir(cfg) -> Path            create (or reopen with --resume) and write config.json
+    open_run_dir(cfg) -> Path            create (or reopen with --resume), lock, write config.json
+    lock_run_dir(run_dir), unlock_run_dir(run_dir)   one writing process per run directory
     commit_iteration(run_dir, it, cfg, metrics, episodes, policy, optimizer) -> checkpoint
     restore_run(run_dir, keep, policy, optimizer) -> completed iterations (--resume)
     latest_checkpoint(run_dir), resolve_checkpoint(path, flag), load_checkpoint(run_dir, ...)
+    checkpoint_problems(dir) -> ["file: what is wrong"], from checksums.json (written last)
+    pin_init_adapter(run_dir, source) -> the run's own checked copy of --init-adapter
     write_atomic(path, text), append_jsonl(path, records), truncate_jsonl(path, last_iteration)
     last_good_checkpoint_on_fault(run_dir)   context: a NaN/inf names the checkpoint to resume
-    crash_hook                           tests set it to crash between two filesystem steps
+    crash_hook, write_fault              tests set them to crash between two filesystem steps of a
+                                         commit, or to fail a write (a full disk)
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -45,12 +51,42 @@ from model import load_adapter, save_adapter
 
 CHECKPOINT_FILES = ("adapter.safetensors", "adapter.json", "optimizer.safetensors", "optimizer.json",
                     "rng.safetensors", "state.json")
+# Written last into every checkpoint (and the pinned --init-adapter copy): the size and sha256
+# of each of its other files, checked whenever the checkpoint is loaded.
+CHECKSUMS = "checksums.json"
 
 
 # Tests set this to a function of the step's name (one that SIGKILLs the process at the k-th
 # step, say) to check that a crash between any two filesystem steps of a commit leaves a run
 # that resumes exactly. None in normal use.
 crash_hook = None
+
+
+# Tests set this to a function of what is about to be written that raises an OSError (ENOSPC,
+# say), to check that a failed write ends the run with a message and that --resume continues
+# exactly. None in normal use.
+write_fault = None
+
+
+class WriteFailed(Exception):
+    """A write of one step of a commit failed; `what` was being written, `reason` says why."""
+    def __init__(self, what: str, err: Exception):
+        super().__init__(what)
+        self.what, self.reason = what, getattr(err, "strerror", None) or str(err)
+
+
+@contextmanager
+def writing(what: str):
+    """One write of a commit: an OSError in it (or safetensors' own error for one, which is
+    what a full disk gives while a tensor file is written) becomes WriteFailed(what)."""
+    from safetensors import SafetensorError
+
+    try:
+        if write_fault is not None:
+            write_fault(what)
+        yield
+    except (OSError, SafetensorError) as err:
+        raise WriteFailed(what, err) from err
 
 
 def fs_step(name: str) -> None:
@@ -158,30 +194,40 @@ def save_checkpoint(run_dir: Path, iteration: int, cfg: Config, policy, optimize
 
     root = run_dir / "checkpoints"
     final, tmp = root / f"iter_{iteration:06d}", root / f".tmp_iter_{iteration:06d}"
-    tidy_checkpoints(root, cfg.keep_checkpoints)
-    tmp.mkdir(parents=True)
-    save_adapter(policy, tmp, lora_settings(cfg))
+    with writing("checkpoints/ (removing what an earlier crash left)"):
+        tidy_checkpoints(root, cfg.keep_checkpoints)
+    with writing(f"checkpoints/{tmp.name}/adapter.safetensors and adapter.json"):
+        tmp.mkdir(parents=True)
+        save_adapter(policy, tmp, lora_settings(cfg))
     fs_step("wrote adapter")
-    save_optimizer(optimizer, tmp)
+    with writing(f"checkpoints/{tmp.name}/optimizer.safetensors and optimizer.json"):
+        save_optimizer(optimizer, tmp)
     fs_step("wrote optimizer")
-    rng = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state()
-    save_file(rng, tmp / "rng.safetensors")
+    with writing(f"checkpoints/{tmp.name}/rng.safetensors"):
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        save_file(rng, tmp / "rng.safetensors")
     fs_step("wrote rng")
-    (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "config": dataclasses.asdict(cfg)}, indent=2))
-    for f in [*tmp.iterdir(), tmp]:
-        fsync_path(f)
+    with writing(f"checkpoints/{tmp.name}/state.json and {CHECKSUMS}"):
+        (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "config": dataclasses.asdict(cfg)},
+                                                   indent=2))
+        write_checksums(tmp)
+        for f in [*tmp.iterdir(), tmp]:
+            fsync_path(f)
     fs_step("wrote state.json")
-    if final.exists():  # written by a run that crashed before `latest` named it: never committed
-        discard(final)
-    os.replace(tmp, final)
-    fsync_path(root)
-    fsync_path(run_dir)  # checkpoints/ itself is new at the first commit
+    with writing(f"checkpoints/{final.name} (renaming {tmp.name})"):
+        if final.exists():  # written by a run that crashed before `latest` named it: never committed
+            discard(final)
+        os.replace(tmp, final)
+        fsync_path(root)
+        fsync_path(run_dir)  # checkpoints/ itself is new at the first commit
     fs_step(f"renamed to {final.name}")
-    write_atomic(root / "latest", final.name + "\n")
+    with writing("checkpoints/latest"):
+        write_atomic(root / "latest", final.name + "\n")
     fs_step("switched latest")
-    tidy_checkpoints(root, cfg.keep_checkpoints)
+    with writing("checkpoints/ (removing checkpoints older than --keep-checkpoints)"):
+        tidy_checkpoints(root, cfg.keep_checkpoints)
     return final
 
 
@@ -200,12 +246,25 @@ def tidy_checkpoints(root: Path, keep: int) -> None:
 
 
 def commit_iteration(run_dir: Path, it: int, cfg: Config, metrics: dict, episodes: list, policy, optimizer) -> Path:
-    """Log iteration `it`, then checkpoint it, in the order described above."""
-    append_jsonl(run_dir / "episodes.jsonl", episodes)
-    fs_step("appended episodes.jsonl")
-    append_jsonl(run_dir / "metrics.jsonl", [{"iteration": it + 1, **metrics}])
-    fs_step("appended metrics.jsonl")
-    return save_checkpoint(run_dir, it + 1, cfg, policy, optimizer)
+    """Log iteration `it`, then checkpoint it, in the order described above. A write that fails
+    (a full disk, say) ends the run with one message: what was being written, the last
+    committed checkpoint (intact: the commit point was not reached, or was and names the new
+    one) and the command that continues the run once the cause is fixed."""
+    try:
+        with writing("episodes.jsonl"):
+            append_jsonl(run_dir / "episodes.jsonl", episodes)
+        fs_step("appended episodes.jsonl")
+        with writing("metrics.jsonl"):
+            append_jsonl(run_dir / "metrics.jsonl", [{"iteration": it + 1, **metrics}])
+        fs_step("appended metrics.jsonl")
+        return save_checkpoint(run_dir, it + 1, cfg, policy, optimizer)
+    except WriteFailed as failed:
+        latest = latest_checkpoint(run_dir)
+        committed = (f"the last committed checkpoint, {latest}, is intact" if latest else
+                     "no checkpoint had been committed yet (--resume starts the run over)")
+        raise SystemExit(f"[error] iteration {it + 1}: writing {failed.what} in {run_dir} failed: {failed.reason}. "
+                         f"Nothing is lost: {committed}. Once the cause is fixed (free disk space, say), continue "
+                         f"with: python train.py --resume {run_dir}") from None
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -214,10 +273,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     if not pointer.exists():
         return None
     ckpt = pointer.parent / pointer.read_text().strip()
-    missing = [f for f in CHECKPOINT_FILES if not (ckpt / f).is_file()]
-    if missing:
-        raise SystemExit(f"{pointer} names {ckpt.name}, which lacks {', '.join(missing)}: "
-                         "the checkpoint was changed outside train.py")
+    if any(not (ckpt / f).is_file() for f in CHECKPOINT_FILES):
+        refuse_damaged(Path(run_dir), ckpt)
     return ckpt
 
 
@@ -226,12 +283,14 @@ def resolve_checkpoint(path: str, flag: str = "") -> Path:
     command-line flag that gave `path`, for the error message."""
     p, where = Path(path), f"{flag} {path}".strip()
     if (p / "checkpoints").is_dir():
-        latest = latest_checkpoint(p)
-        if latest is None:
+        p = latest_checkpoint(p)
+        if p is None:
             raise SystemExit(f"{where}: a run directory without a complete checkpoint yet")
-        return latest
-    if not (p / "adapter.safetensors").exists():
+    elif not (p / "adapter.safetensors").exists():
         raise SystemExit(f"{where}: neither a checkpoint directory nor a run directory with checkpoints")
+    problems = checkpoint_problems(p, required=("adapter.safetensors", "adapter.json"))
+    if problems:
+        raise SystemExit(f"{where}: the checkpoint {p} is damaged: {'; '.join(problems)}")
     return p
 
 
@@ -239,7 +298,11 @@ def load_checkpoint(run_dir: Path, policy, optimizer) -> int:
     """Restore adapters, value head, optimizer and RNG; returns the completed iteration count."""
     from safetensors.torch import load_file
 
-    ckpt = resolve_checkpoint(str(run_dir))
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise SystemExit(f"{run_dir}: a run directory without a complete checkpoint yet")
+    if checkpoint_problems(ckpt):
+        refuse_damaged(Path(run_dir), ckpt)
     load_adapter(policy, ckpt)
     load_optimizer(optimizer, ckpt)
     rng = load_file(ckpt / "rng.safetensors")
@@ -247,6 +310,94 @@ def load_checkpoint(run_dir: Path, policy, optimizer) -> int:
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
     return json.loads((ckpt / "state.json").read_text())["iteration"]
+
+
+def file_digest(path: Path) -> dict:
+    """{"bytes", "sha256"} of a file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def write_checksums(directory: Path) -> None:
+    """checksums.json: the digest of every other file in `directory`."""
+    sums = {f.name: file_digest(f) for f in sorted(directory.iterdir()) if f.is_file() and f.name != CHECKSUMS}
+    (directory / CHECKSUMS).write_text(json.dumps(sums, indent=2))
+
+
+def checkpoint_problems(directory: Path, required=CHECKPOINT_FILES) -> list[str]:
+    """What is wrong with a checkpoint's files, as "file: what" ([] when intact): a required
+    file missing, or a file whose size or sha256 is not the one checksums.json recorded when it
+    was written (truncated, altered, bit rot). A checkpoint written before checksums existed
+    (no checksums.json) is checked for its files only."""
+    problems = [f"{name}: missing" for name in required if not (directory / name).is_file()]
+    path = directory / CHECKSUMS
+    if not path.exists():
+        return problems
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        recorded = None
+    if not (isinstance(recorded, dict) and all(isinstance(v, dict) and isinstance(v.get("bytes"), int)
+                                               and isinstance(v.get("sha256"), str) for v in recorded.values())):
+        return problems + [f"{CHECKSUMS}: damaged (not the record this code writes)"]
+    for name, want in recorded.items():
+        if not (directory / name).is_file():
+            problems += [] if name in required else [f"{name}: missing"]
+            continue
+        got = file_digest(directory / name)
+        if got["bytes"] != want["bytes"]:
+            problems.append(f"{name}: {got['bytes']} bytes, but {want['bytes']} when it was written (truncated?)")
+        elif got["sha256"] != want["sha256"]:
+            problems.append(f"{name}: its content changed since it was written (sha256 differs)")
+    return problems
+
+
+def refuse_damaged(run_dir: Path, ckpt: Path) -> None:
+    """Stop a resume from a damaged checkpoint: name each damaged file and the newest intact
+    older checkpoint, with the command that continues from it (nothing goes back silently)."""
+    problems = checkpoint_problems(ckpt)
+    older = [p for p in sorted((run_dir / "checkpoints").glob("iter_*"), reverse=True)
+             if p.name < ckpt.name and not checkpoint_problems(p)]
+    if older:
+        fallback = (f"The newest intact checkpoint is {older[0].name}; to continue from it (the iterations after "
+                    f"it are run again, their records dropped): printf '{older[0].name}\\n' > "
+                    f"{run_dir / 'checkpoints' / 'latest'} && python train.py --resume {run_dir}")
+    else:
+        fallback = "No older intact checkpoint is left (see --keep-checkpoints); the run must start over."
+    raise SystemExit(f"{ckpt}: damaged: {'; '.join(problems)}. {fallback}")
+
+
+def pin_init_adapter(run_dir: Path, source: Path | None) -> Path:
+    """--init-adapter is the run's initial and KL-reference policy, so it is pinned: a start
+    from scratch copies the checkpoint's adapter.safetensors and adapter.json, with their
+    checksums, into run_dir/init_adapter/, and every later start (--resume) uses that copy,
+    checked, whatever has happened to the source since (an SFT run extended, retrained or
+    deleted). source: the resolved --init-adapter checkpoint when the run starts from scratch,
+    None on a resume. A resume whose copy is gone or altered is refused."""
+    pinned = run_dir / "init_adapter"
+    if source is not None:
+        tmp = run_dir / "init_adapter.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for name in ("adapter.safetensors", "adapter.json"):
+            shutil.copyfile(source / name, tmp / name)
+        write_checksums(tmp)
+        for f in [*tmp.iterdir(), tmp]:
+            fsync_path(f)
+        shutil.rmtree(pinned, ignore_errors=True)
+        os.replace(tmp, pinned)
+        fsync_path(run_dir)
+    if not (pinned / CHECKSUMS).exists():
+        raise SystemExit(f"{pinned}: missing. It is the copy of --init-adapter this run started from (its initial "
+                         "and KL-reference policy), so the run cannot go on as it began; restore it or start a new run")
+    problems = checkpoint_problems(pinned, required=("adapter.safetensors", "adapter.json"))
+    if problems:
+        raise SystemExit(f"{pinned}: the pinned copy of --init-adapter is damaged: {'; '.join(problems)}; restore "
+                         "it or start a new run")
+    return pinned
 
 
 def restore_run(run_dir: Path, keep: int, policy, optimizer, writer: bool = True) -> int:
@@ -270,7 +421,8 @@ def restore_run(run_dir: Path, keep: int, policy, optimizer, writer: bool = True
 
 
 def open_run_dir(cfg: Config) -> Path:
-    """Create (or, with --resume, reopen) the run directory and write config.json."""
+    """Create (or, with --resume, reopen) the run directory, take its lock (lock_run_dir) and
+    write config.json."""
     run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}"
                    f"{'' if cfg.algo == 'sft' else ('-influence' if cfg.influence == 'on' else '-plain')}")
     if run_dir.exists() and not run_dir.is_dir():
@@ -278,8 +430,62 @@ def open_run_dir(cfg: Config) -> Path:
     if not cfg.resume and ((run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists()):
         raise SystemExit(f"--run-dir {run_dir}: already holds a run; use --resume {run_dir} or another directory")
     run_dir.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(run_dir)
     write_atomic(run_dir / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2))
     return run_dir
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """One writer per run directory: run_dir/lock holds the writing process's pid, created
+    atomically (O_EXCL). A second train.py on the same run (a requeued job while the first is
+    still alive, say) is refused, naming the first one's pid; a lock whose process is gone (a
+    crash, a SIGKILL) is taken over with a message. unlock_run_dir, or the process's exit,
+    removes it. (A pid reused by an unrelated process would read as alive: then remove the
+    lock file by hand, as the message says.)"""
+    path = run_dir / "lock"
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            holder = _lock_holder(path)
+            if holder == os.getpid():      # this process holds it already (an earlier main() that raised)
+                return
+            if holder is not None and _alive(holder):
+                raise SystemExit(f"{run_dir}: another process (pid {holder}) is writing this run directory; "
+                                 f"wait for it to end or stop it (if pid {holder} is not a train.py, remove "
+                                 f"{path})") from None
+            print(f"[lock] {path}: left by process {holder}, which is no longer running; taking it over",
+                  file=sys.stderr)
+            path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        atexit.register(unlock_run_dir, run_dir)
+        return
+
+
+def unlock_run_dir(run_dir: Path) -> None:
+    """Remove the lock if this process holds it."""
+    path = run_dir / "lock"
+    if _lock_holder(path) == os.getpid():
+        path.unlink(missing_ok=True)
+
+
+def _lock_holder(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):      # gone, or written half by a process killed in between
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)                # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:            # it exists, under another user
+        return True
+    return True
 
 
 @contextmanager

@@ -51,8 +51,8 @@ from ppo import (approx_kl, clip_fraction, explained_variance, gae, group_advant
 from report import write_plots, write_report
 from reward import extract_answer, is_correct, reward_fn
 from rollout import encode_pairs, generate_rollouts, token_logprobs
-from rundir import (append_jsonl, commit_iteration, last_good_checkpoint_on_fault, open_run_dir, resolve_checkpoint,
-                    restore_run, write_atomic)
+from rundir import (append_jsonl, commit_iteration, last_good_checkpoint_on_fault, latest_checkpoint, open_run_dir,
+                    pin_init_adapter, resolve_checkpoint, restore_run, unlock_run_dir, write_atomic)
 
 SINGLE = Dist()  # one process: every collective of distributed.py is the identity
 SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE = 1, 2, 3, 4, 5   # the purposes of derived_seed's draws
@@ -463,8 +463,17 @@ def main(argv=None) -> Path:
     train_task = load_task(cfg.dataset, "train", cfg.data_source, **difficulty)
     test_task = load_task(cfg.dataset, "test", cfg.data_source, **difficulty)
     check_against_data(cfg, len(train_task.examples))
-    init_adapter = resolve_checkpoint(cfg.init_adapter, "--init-adapter") if cfg.init_adapter else None
+    # A resume uses the run's pinned copy of --init-adapter (rundir.pin_init_adapter), not the
+    # source, unless nothing was committed yet (then the run starts over, from the source).
+    from_scratch = not (cfg.resume and latest_checkpoint(Path(cfg.resume)) is not None)
+    source = resolve_checkpoint(cfg.init_adapter, "--init-adapter") if cfg.init_adapter and from_scratch else None
     run_dir = Path(dist.broadcast(str(open_run_dir(cfg)) if dist.is_main else None))
+    init_adapter = None
+    if cfg.init_adapter:
+        if dist.is_main:
+            pin_init_adapter(run_dir, source)
+        dist.barrier()
+        init_adapter = run_dir / "init_adapter"
     say = print if dist.is_main else (lambda *args, **kwargs: None)  # rank 0 speaks for all
     cfg.progress = cfg.progress and dist.is_main
     say("[config] " + " ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()), file=sys.stderr)
@@ -491,7 +500,7 @@ def main(argv=None) -> Path:
     if start == 0 and init_adapter:
         # SFT trains no value head: only the LoRA tensors are taken.
         load_adapter(policy, init_adapter, with_value_head=False)
-        say(f"[init] LoRA adapters from {init_adapter}", file=sys.stderr)
+        say(f"[init] LoRA adapters from {init_adapter} (the run's pinned copy of {cfg.init_adapter})", file=sys.stderr)
     if init_adapter:
         # Our choice: the KL reference is the policy the run started from (base + init adapter),
         # as in RLHF's SFT reference; the base model would pull the policy back from what SFT learnt.
@@ -528,6 +537,8 @@ def main(argv=None) -> Path:
                 break
     if dist.is_main and cfg.plots:
         say(f"[report] {write_plots(run_dir)}, {write_report(run_dir)}", file=sys.stderr)
+    if dist.is_main:
+        unlock_run_dir(run_dir)
     dist.barrier()
     say(f"[done] run directory: {run_dir}")
     return run_dir

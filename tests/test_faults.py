@@ -5,6 +5,7 @@ Crashes are real SIGKILLs of a child process: at every filesystem step of an ite
 commit (rundir.crash_hook names them), and at random moments. After each, the latest
 checkpoint loads and --resume reproduces the uninterrupted run's metrics.jsonl and
 episodes.jsonl exactly (every field but the wall-clock seconds)."""
+import errno
 import json
 import multiprocessing
 import os
@@ -73,6 +74,7 @@ def reference(tiny_dir, tmp_path_factory):
         ref.steps.append(name)
         if name == "switched latest" and not ref.after_first_commit.exists():
             shutil.copytree(ref.dir, ref.after_first_commit)
+            (ref.after_first_commit / "lock").unlink()   # the copy is not being written by this process
 
     rundir.crash_hook = record
     started = time.time()
@@ -334,3 +336,116 @@ def test_every_response_truncated_is_logged(tiny_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "every response hit --max-new-tokens 1 without EOS" in err
     assert rundir.latest_checkpoint(run_dir).name == "iter_000001"
+
+
+def test_a_second_writer_is_refused_and_a_dead_ones_lock_taken_over(tiny_dir, tmp_path, capsys):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run_dir / "lock").write_text(f"{alive.pid}\n")
+        with pytest.raises(SystemExit, match=rf"another process \(pid {alive.pid}\) is writing this run directory"):
+            train.main(["--model", tiny_dir, "--run-dir", str(run_dir), *SMALL, "--max-new-tokens", "4"])
+        assert not (run_dir / "config.json").exists()              # refused before writing anything
+    finally:
+        alive.kill()
+        alive.wait()
+    # The holder is gone now (as after a SIGKILL): its lock is taken over, and released at the end.
+    train.main(["--model", tiny_dir, "--run-dir", str(run_dir), *SMALL, "--max-new-tokens", "4"])
+    assert f"left by process {alive.pid}, which is no longer running; taking it over" in capsys.readouterr().err
+    assert (run_dir / "metrics.jsonl").exists() and not (run_dir / "lock").exists()
+
+
+# ----------------------------------------------------------------------------- write errors
+
+def test_a_full_disk_at_every_write_of_a_commit_ends_with_a_message_and_resumes_exactly(reference, tiny_dir,
+                                                                                         tmp_path):
+    """An OSError(ENOSPC) injected at each write of the second commit: one message (what was
+    being written, the intact checkpoint, the command), then --resume reproduces the reference."""
+    probe = tmp_path / "probe"
+    shutil.copytree(reference.after_first_commit, probe)
+    writes = []
+    rundir.write_fault = writes.append
+    try:
+        train.main(["--resume", str(probe), "--no-progress"])
+    finally:
+        rundir.write_fault = None
+    assert writes[:2] == ["episodes.jsonl", "metrics.jsonl"] and "checkpoints/latest" in writes
+    switch = writes.index("checkpoints/latest")
+    for k, what in enumerate(writes):
+        run_dir = tmp_path / f"full_at_{k}"
+        shutil.copytree(reference.after_first_commit, run_dir)
+
+        def full(name, k=k):
+            full.calls += 1
+            if full.calls == k + 1:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
+        full.calls = 0
+        rundir.write_fault = full
+        try:
+            with pytest.raises(SystemExit) as ended:
+                train.main(["--resume", str(run_dir), "--no-progress"])
+        finally:
+            rundir.write_fault = None
+        message = str(ended.value)
+        intact = "iter_000002" if k > switch else "iter_000001"    # the commit point is the switch of latest
+        assert message.startswith(f"[error] iteration 2: writing {what} in {run_dir} failed: No space left on device")
+        assert f"the last committed checkpoint, {run_dir / 'checkpoints' / intact}, is intact" in message, message
+        assert message.endswith(f"continue with: python train.py --resume {run_dir}")
+        train.main(["--resume", str(run_dir), "--no-progress"])
+        assert_reproduces(run_dir, reference)
+        shutil.rmtree(run_dir)
+
+
+def test_a_full_disk_on_the_command_line_ends_without_a_traceback(reference, tiny_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference.after_first_commit, run_dir)
+    script = ("import errno, os, runpy, sys; sys.path.insert(0, '.'); import rundir\n"
+              "def full(what):\n"
+              "    if what == 'metrics.jsonl': raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
+              "rundir.write_fault = full\n"
+              "sys.argv = ['train.py'] + sys.argv[1:]\n"
+              "runpy.run_path('train.py', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", script, "--resume", str(run_dir), "--no-progress"], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "writing metrics.jsonl" in done.stderr and "No space left on device" in done.stderr
+
+
+def test_a_real_full_filesystem_ends_with_a_message_and_resumes_exactly(reference, tiny_dir, tmp_path):
+    """On a small tmpfs mounted here, filled up right after the first commit: the second commit
+    fails for real (ENOSPC), then --resume, with the space freed, reproduces the reference."""
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(small)],
+                                                   capture_output=True).returncode == 0
+    if not mounted:
+        pytest.skip("mounting a tmpfs is not permitted on this machine (the injected-ENOSPC test covers every write)")
+    try:
+        run_dir, filler = small / "run", small / "filler"
+
+        def fill_the_disk(step):
+            if step == "switched latest" and not filler.exists():
+                fd = os.open(filler, os.O_CREAT | os.O_WRONLY)
+                try:
+                    while os.write(fd, b"\0" * 4096):
+                        pass
+                except OSError as err:
+                    assert err.errno == errno.ENOSPC
+                finally:
+                    os.close(fd)
+
+        rundir.crash_hook = fill_the_disk
+        try:
+            with pytest.raises(SystemExit) as ended:
+                train.main(["--model", tiny_dir, "--run-dir", str(run_dir), *ARGS])
+        finally:
+            rundir.crash_hook = None
+        message = str(ended.value)
+        assert message.startswith("[error] iteration 2: writing ") and "No space left on device" in message, message
+        assert f"the last committed checkpoint, {run_dir / 'checkpoints' / 'iter_000001'}, is intact" in message
+        filler.unlink()
+        train.main(["--resume", str(run_dir), "--no-progress"])
+        assert_reproduces(run_dir, reference)
+    finally:
+        subprocess.run(["umount", str(small)], capture_output=True)

@@ -125,3 +125,24 @@ def test_onepass_scores_equal_loop_scores(buffer):
                                  batch_size=batch_size)
         assert ((onepass - loop).abs().max() / loop.abs().max()).item() <= 1e-5
     assert loop.abs().min() > 0
+
+
+def test_onepass_refuses_a_lora_layer_that_runs_twice_or_never(buffer, monkeypatch):
+    """The one-pass hooks keep one input and one output gradient per layer and forward pass:
+    weight sharing (a layer run twice) or a skipped layer must be refused, not scored wrongly."""
+    from influence import onepass_scores
+    policy, tok, rollouts, advantages = buffer
+    val = encode_pairs(tok, ["Q: 2+2?"], ["#### 4"])
+    layers = policy.lm.model.layers
+    # Weight sharing: decoder layer 1 calls layer 0's q_proj (and its adapter).
+    monkeypatch.setattr(layers[1].self_attn, "q_proj", layers[0].self_attn.q_proj)
+    g_val = validation_gradient(policy, val)
+    with pytest.raises(SystemExit, match=r"layers\.0\.self_attn\.q_proj ran 2 times.*--influence-method loop"):
+        onepass_scores(policy, rollouts, advantages, g_val, clip_eps=0.2, temperature=TEMPERATURE)
+    assert episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE).shape[0] == 6
+    monkeypatch.undo()
+    # A skipped decoder layer: its adapters never run.
+    monkeypatch.setattr(layers[1], "forward", lambda hidden_states, *args, **kwargs: hidden_states)
+    g_val = validation_gradient(policy, val)
+    with pytest.raises(SystemExit, match=r"layers\.1\.self_attn\.q_proj ran 0 times"):
+        onepass_scores(policy, rollouts, advantages, g_val, clip_eps=0.2, temperature=TEMPERATURE)
