@@ -127,7 +127,7 @@ def test_checkpoints_hold_only_safetensors_and_json(tiny_dir, tmp_path):
                           "--data-source", "local"])
     ckpt = rundir.latest_checkpoint(run_dir)
     assert {p.suffix for p in ckpt.iterdir()} == {".safetensors", ".json"}
-    assert sorted(p.name for p in ckpt.iterdir()) == sorted(rundir.CHECKPOINT_FILES)
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted([*rundir.CHECKPOINT_FILES, rundir.CHECKSUMS])
     for p in ckpt.glob("*.safetensors"):
         with safe_open(p, framework="pt") as f:
             assert list(f.keys()) is not None
