@@ -287,11 +287,12 @@ def label(method: str) -> str:
 
 def write_table(path: Path, results: list[dict], args) -> None:
     names = [metric_name(m) for m in args.metric_list]
-    limit = f"first {args.final_limit}" if args.final_limit else "all"
+    count = lambda k: f"the first {k}" if k else "all the"   # noqa: E731
     start = "its SFT run's final checkpoint" if args.sft_iterations else f"the model itself ({args.model})"
     lines = [f"# SFT start, {', '.join(METHODS[m][0] for m in args.method_list)} on {args.dataset}", "",
              f"Seeds {args.seeds}; every cell is the mean over seeds ± the half-width of its 95% t-interval. "
-             f"Final metrics: the final checkpoint on the {limit} test problems (evaluate.py: {args.metrics}); "
+             f"Final metrics (evaluate.py, {args.metrics}) of the final checkpoint: greedy em on "
+             f"{count(args.final_limit)} test problems, sampled metrics on {count(args.sampled_limit)}; "
              f"the SFT start is {start}. em - PPO: the difference to PPO of the same seed, then mean ± interval "
              "(in points). Kept: the mean over iterations of kept / all episodes; ess: the mean over "
              "iterations of the effective number of episodes behind an update, (sum w)^2 / sum w^2 (n/a "
