@@ -447,5 +447,5 @@ def test_a_real_full_filesystem_ends_with_a_message_and_resumes_exactly(referenc
         filler.unlink()
         train.main(["--resume", str(run_dir), "--no-progress"])
         assert_reproduces(run_dir, reference)
-    finally:
-        subprocess.run(["umount", str(small)], capture_output=True)
+    finally:   # lazy: detached even while something (a traceback's frames, say) still holds a file open there
+        subprocess.run(["umount", "--lazy", str(small)], capture_output=True)

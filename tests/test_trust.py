@@ -6,23 +6,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 import evaluate
 import rundir
 import train
+from test_train import one_thread  # noqa: F401  (autouse: one intra-op thread here too)
 
 SMALL = ["--prompts-per-iter", "2", "--samples-per-prompt", "2", "--max-new-tokens", "6", "--val-size", "2",
          "--val-batch-size", "2", "--eval-every", "0", "--truncation-penalty", "1", "--minibatch-size", "2",
          "--micro-batch-size", "2", "--keep-checkpoints", "2", "--no-progress", "--data-source", "local"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def records(run_dir):
