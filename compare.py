@@ -325,6 +325,14 @@ def write_table(path: Path, results: list[dict], args) -> None:
             lines.append(row)
         lines.append("")
     lines += paired_tables(results, args)
+    lines += ["## Final em of every run", "", "| method | noise | " + " | ".join(f"seed {x}" for x in args.seed_list) + " |",
+              "|---|---|" + "---|" * len(args.seed_list)]
+    for noise in args.noise_list:
+        for method in args.method_list:
+            em = {r["seed"]: r["final"].get("em") for r in results if r["method"] == method and r["noise"] == noise}
+            lines.append(f"| {label(method)} | {noise:g} | " + " | ".join(
+                "-" if em.get(x) is None else f"{em[x]:.3f}" for x in args.seed_list) + " |")
+    lines.append("")
     lines += [f"Shared train.py flags: `{' '.join(train_argv(args))}`; RL runs `--iterations {args.iterations}`"
               + (f", SFT `--iterations {args.sft_iterations}`." if args.sft_iterations else "."), ""]
     path.write_text("\n".join(lines))

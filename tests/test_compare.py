@@ -52,6 +52,7 @@ def test_compare_sft_start_and_four_methods_two_seeds(tiny_dir, tmp_path):
             assert config["init_adapter"] == sft_dir and config["seed"] == seed and config["val_size"] == 4
             assert config["reward_noise"] == 0.0
         # The paired difference is taken per seed: em of the method minus em of PPO, same seed.
+    assert f"| I-PPO | 0 | {runs['ippo', 0]['final']['em']:.3f} | {runs['ippo', 1]['final']['em']:.3f} |" in table
     diffs = [100 * (runs["ippo", s]["final"]["em"] - runs["ppo", s]["final"]["em"]) for s in (0, 1)]
     assert row(table, "I-PPO")[1].startswith(f"{sum(diffs) / 2:.1f} ±")
     # The random filter drops as many episodes as influence would, in its first iteration.
