@@ -116,6 +116,8 @@ class Config:
     keep_checkpoints: int = flag(2, "how many most recent checkpoints to keep")
     seed: int = flag(0, "the one seed: data order, sampling, random filter")
     device: str = flag("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
+    dtype: str = flag("auto", "base weights: auto (bf16 on a GPU, fp32 on the CPU), fp32 or bf16 (LoRA, value head "
+                      "and losses are fp32 in every case)", choices=("auto", "fp32", "bf16"))
     trust_remote_code: bool = flag(False, "allow a hub model to run its own code (off unless asked)")
     progress: bool = flag(True, "tqdm progress bars (--no-progress to hide)")
     plots: bool = flag(True, "write plots.png and report.html into the run directory at the end (--no-plots to skip)")

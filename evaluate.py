@@ -17,7 +17,7 @@ Public functions:
     majority_vote(answers)                           -> the winning answer, or None
     metric_name(("maj", 8))                          -> "maj@8"
     resolve_adapter(path)                            -> checkpoint directory (of a run directory: its latest)
-    load_for_eval(model, adapter, device)            -> (policy, tokenizer, model, checkpoint or None)
+    load_for_eval(model, adapter, device, dtype)     -> (policy, tokenizer, model, checkpoint or None)
 CLI:
     python evaluate.py --model gemma-3-270m [--adapter RUN_DIR or RUN_DIR/checkpoints/iter_N]
                        --dataset gsm8k --metrics em,maj@8,pass@8 [--limit 50] [--samples 8]
@@ -250,7 +250,7 @@ def resolve_adapter(path: str) -> Path:
     return p
 
 
-def load_for_eval(model: str | None, adapter: str | None, device: str = "auto"):
+def load_for_eval(model: str | None, adapter: str | None, device: str = "auto", dtype: str = "auto"):
     """Load the policy with the LoRA layout of `adapter` (a checkpoint or run directory) and its
     weights. model None: the model the adapter was trained on, else the offline default.
     Returns (policy, tokenizer, the model loaded, checkpoint directory or None)."""
@@ -262,7 +262,7 @@ def load_for_eval(model: str | None, adapter: str | None, device: str = "auto"):
         print(f"[eval] warning: the adapter was trained on {lora['model']!r}, evaluating it on {model!r}",
               file=sys.stderr)
     layout = {"lora_targets": lora["targets"], "lora_rank": lora["rank"], "lora_alpha": lora["alpha"]} if lora else {}
-    policy, tokenizer = load_policy(model, device=device, **layout)
+    policy, tokenizer = load_policy(model, device=device, dtype=dtype, **layout)
     if checkpoint:
         load_adapter(policy, checkpoint)
         print(f"[eval] adapter {checkpoint}", file=sys.stderr)
@@ -300,6 +300,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per generate() call")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampled responses")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"),
+                        help="base weights: auto (bf16 on a GPU, fp32 on the CPU), fp32 or bf16")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm progress bars")
     parser.add_argument("--out", default="eval.json", help="where to write the results")
     args = parser.parse_args(argv)
@@ -325,7 +327,7 @@ def main(argv=None) -> dict:
 
     task = data.load_task(args.dataset, args.split, args.data_source, arith_digits=args.arith_digits,
                             arith_terms=args.arith_terms)   # first: a data error fails fast
-    policy, tokenizer, model, checkpoint = load_for_eval(args.model, args.adapter, args.device)
+    policy, tokenizer, model, checkpoint = load_for_eval(args.model, args.adapter, args.device, args.dtype)
     examples = task.examples[:args.limit] if args.limit else task.examples
     print(f"[eval] {len(examples)} problems from {task.source}", file=sys.stderr)
     t0 = time.time()

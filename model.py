@@ -24,7 +24,7 @@ Public functions:
     save_adapter(policy, dir, lora), load_adapter(policy, dir, with_value_head=True),
     read_adapter_config(dir)        checkpoints of the trainable tensors (safetensors + JSON)
     eos_token_ids(tokenizer)        the token ids that end a response
-    pick_device_and_dtype(device)   cuda > mps > cpu; bf16 on GPU, fp32 on CPU
+    pick_device_and_dtype(device, dtype) cuda > mps > cpu; --dtype auto: bf16 on GPU, fp32 on CPU
 """
 
 from __future__ import annotations
@@ -177,8 +177,14 @@ class Policy(nn.Module):
         return {n: p.detach().cpu().contiguous() for n, p in self.named_parameters() if p.requires_grad}
 
 
-def pick_device_and_dtype(device: str = "auto") -> tuple[torch.device, torch.dtype, str]:
-    """cuda > mps > cpu; bf16 on GPU, fp32 on CPU; never fp16 (Gemma-3 overflows in fp16)."""
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def pick_device_and_dtype(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype, str]:
+    """cuda > mps > cpu; dtype "auto" is bf16 on a GPU and fp32 on the CPU (--dtype bf16 runs the
+    GPU's dtype path on a CPU); never fp16 (Gemma-3 overflows in fp16). Only the frozen base
+    weights take this dtype: LoRA tensors and the value head stay fp32, and log-probs and
+    losses are computed in fp32 from the (bf16) logits."""
     if device == "auto":
         if torch.cuda.is_available():
             device, why = "cuda", "a CUDA GPU is available"
@@ -188,8 +194,13 @@ def pick_device_and_dtype(device: str = "auto") -> tuple[torch.device, torch.dty
             device, why = "cpu", "no GPU found"
     else:
         why = "asked for with --device"
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    return torch.device(device), dtype, f"{why}; base weights in {str(dtype).replace('torch.', '')}"
+    if dtype == "auto":
+        chosen = torch.float32 if device == "cpu" else torch.bfloat16
+    elif dtype in DTYPES:
+        chosen, why = DTYPES[dtype], why + f"; --dtype {dtype}"
+    else:
+        raise SystemExit(f"--dtype: one of auto, {', '.join(DTYPES)} (got {dtype!r})")
+    return torch.device(device), chosen, f"{why}; base weights in {str(chosen).replace('torch.', '')}"
 
 
 def _offline_default_dir() -> Path:
@@ -263,7 +274,7 @@ def inspect_model(model: str = OFFLINE_DEFAULT, trust_remote_code: bool = False)
     return ModelInfo(context=config.get_text_config().max_position_embeddings, linear_names=names)
 
 
-def load_policy(model: str = OFFLINE_DEFAULT, *, device: str = "auto", lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
+def load_policy(model: str = OFFLINE_DEFAULT, *, device: str = "auto", dtype: str = "auto", lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
                 lora_rank: int = 8, lora_alpha: float = 16.0, trust_remote_code: bool = False, quiet: bool = False):
     """Load a causal LM and tokenizer, add LoRA adapters and a value head.
 
@@ -274,7 +285,7 @@ def load_policy(model: str = OFFLINE_DEFAULT, *, device: str = "auto", lora_targ
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dev, dtype, why = pick_device_and_dtype(device)
+    dev, dtype, why = pick_device_and_dtype(device, dtype)
     source = model_source(model)
     if not quiet:
         print(f"[model] {model} on {dev}: {why}", file=sys.stderr)

@@ -480,7 +480,7 @@ def main(argv=None) -> Path:
     if dist.active:
         say(f"[torchrun] {dist.world} processes, backend {dist.backend}", file=sys.stderr)
 
-    policy, tokenizer = load_policy(cfg.model, device=cfg.device, lora_targets=cfg.targets(),
+    policy, tokenizer = load_policy(cfg.model, device=cfg.device, dtype=cfg.dtype, lora_targets=cfg.targets(),
                                     lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                                     trust_remote_code=cfg.trust_remote_code, quiet=not dist.is_main)
     optimizer = make_optimizer(cfg, policy)

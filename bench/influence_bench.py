@@ -2,6 +2,7 @@
 
     python bench/influence_bench.py                      # tiny model and offline Gemma-3-270M
     python bench/influence_bench.py --models tiny --sizes 8,16
+    python bench/influence_bench.py --device cuda --dtypes bf16,fp32 --sizes 8,16,32,64   # on a GPU
 
 Scoring part, per model and N (synthetic buffer: random prompt/response tokens, left-padded
 prompts of 32-64 tokens, responses of 32-64 tokens): seconds for the loop (one backward per
@@ -12,9 +13,13 @@ against the loop and against per-episode gradients taken from the same batched f
 as one-pass (which separates the method's exactness from fp32 rounding of a batched forward
 pass).
 
-Memory part (270M only, unless --no-memory): peak resident memory of one PPO update step
-(forward + backward, 16 episodes of 256 response tokens) with the plain log_softmax path and
-with the lean path, each in a fresh subprocess (ru_maxrss), minus the RSS after loading.
+Memory part (270M only, unless --no-memory): peak memory of one PPO update step (forward +
+backward, 16 episodes of 256 response tokens) with the plain log_softmax path and with the lean
+path, each in a fresh subprocess: on the CPU the peak resident memory (ru_maxrss) minus the RSS
+after loading; on a GPU torch.cuda.max_memory_allocated, minus what was allocated after loading.
+
+--device and --dtypes (the base weights' dtype, as train.py --dtype) repeat everything per
+dtype; on a GPU every timed call ends with torch.cuda.synchronize().
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from rollout import Rollouts, _score_tokens, token_logprobs  # noqa: E402
 
 
 def synthetic_buffer(policy, vocab: int, N: int, P: int, T: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)   # drawn on the CPU (the same buffer on every device)
     prompt_ids = torch.randint(4, vocab, (N, P), generator=g)
     prompt_mask = torch.ones(N, P, dtype=torch.long)
     response_ids = torch.randint(4, vocab, (N, T), generator=g)
@@ -52,10 +57,16 @@ def synthetic_buffer(policy, vocab: int, N: int, P: int, T: int, seed: int):
         length = int(torch.randint(T // 2, T + 1, (1,), generator=g))
         response_mask[i, :length] = 1
         response_ids[i, length:] = 0
-    r = Rollouts(prompt_ids, prompt_mask, response_ids, response_mask)
+    dev = policy.device
+    r = Rollouts(prompt_ids.to(dev), prompt_mask.to(dev), response_ids.to(dev), response_mask.to(dev))
     r.old_logprobs, r.values, r.ref_logprobs = _score_tokens(policy, r, 1.0, 16)
-    advantages = torch.randn(N, T, generator=g) * response_mask
+    advantages = (torch.randn(N, T, generator=g) * response_mask).to(dev)
     return r, advantages
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def timed(fns: dict, repeats: int = 1) -> tuple[dict, dict]:
@@ -65,12 +76,14 @@ def timed(fns: dict, repeats: int = 1) -> tuple[dict, dict]:
     because scheduler noise only ever adds time (tiny-model steps take 10-50 ms)."""
     for fn in fns.values():
         fn()
+    sync()
     seconds = {name: [] for name in fns}
     outs = {}
     for _ in range(repeats):
         for name, fn in fns.items():
             t0 = time.perf_counter()
             outs[name] = fn()
+            sync()
             seconds[name].append(time.perf_counter() - t0)
     return {name: min(s) for name, s in seconds.items()}, outs
 
@@ -91,8 +104,9 @@ def same_forward_scores(policy, buf, adv, g_val, micro: int) -> torch.Tensor:
     return influence_scores(torch.stack(rows), g_val)
 
 
-def bench_scores(name: str, source: str, sizes: list[int], micro: int, repeats: int) -> list[dict]:
-    policy, tok = load_policy(source, quiet=True)
+def bench_scores(name: str, source: str, sizes: list[int], micro: int, repeats: int, device: str = "cpu",
+                 dtype: str = "fp32") -> list[dict]:
+    policy, tok = load_policy(source, device=device, dtype=dtype, quiet=True)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # non-zero B, as after some training (B = 0 makes half the terms vanish)
         for p in lora_parameters(policy)[1::2]:
@@ -121,7 +135,7 @@ def bench_scores(name: str, source: str, sizes: list[int], micro: int, repeats: 
         same = same_forward_scores(policy, buf, adv, g_val, micro)
         rel = ((one - loop).abs().max() / loop.abs().max()).item()
         rel_same = ((one - same).abs().max() / same.abs().max()).item()
-        row = {"model": name, "N": N, "repeats": repeats, "loop_s": t_loop, "onepass_s": t_one, "fwd_bwd_s": t_fb,
+        row = {"model": name, "device": str(policy.device), "dtype": dtype, "N": N, "repeats": repeats, "loop_s": t_loop, "onepass_s": t_one, "fwd_bwd_s": t_fb,
                "loop_over_onepass": t_loop / t_one, "onepass_over_fwd_bwd": t_one / t_fb, "max_rel_diff": rel,
                "max_rel_diff_same_forward": rel_same}
         print(json.dumps(row), flush=True)
@@ -129,19 +143,28 @@ def bench_scores(name: str, source: str, sizes: list[int], micro: int, repeats: 
     return rows
 
 
-def memory_step(lean: bool, N: int, T: int) -> None:
-    """Child process: one PPO update step on the 270M model; prints peak RSS growth in MB."""
-    policy, tok = load_policy("gemma-3-270m", quiet=True)
+def memory_step(model: str, lean: bool, N: int, T: int, device: str, dtype: str) -> None:
+    """Child process: one PPO update step; prints the peak memory growth in MB (RSS on the CPU,
+    allocated GPU memory on a GPU)."""
+    policy, tok = load_policy(model, device=device, dtype=dtype, quiet=True)
+    gpu = policy.device.type == "cuda"
     vocab = policy.lm.get_output_embeddings().weight.shape[0]
     buf, adv = synthetic_buffer(policy, vocab, N, 64, T, seed=0)
     buf.response_mask[:] = 1  # exactly N x T response tokens
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if gpu:
+        sync()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated() / 2**20
+    else:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     lp, values, _ = token_logprobs(policy, buf, 1.0, lean=lean)
     loss = (policy_loss(lp, buf.old_logprobs, adv, buf.response_mask, 0.2)
             + 0.1 * value_loss(values, buf.values, adv, buf.response_mask, 0.2)).mean()
     loss.backward()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"lean": lean, "N": N, "T": T, "peak_growth_mb": (peak - base) / 1024, "peak_rss_mb": peak / 1024}))
+    sync()
+    peak = torch.cuda.max_memory_allocated() / 2**20 if gpu else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"memory": "gpu_allocated" if gpu else "cpu_rss", "model": model, "dtype": dtype, "lean": lean,
+                      "N": N, "T": T, "peak_growth_mb": peak - base, "peak_mb": peak}), flush=True)
 
 
 def main():
@@ -152,25 +175,37 @@ def main():
     parser.add_argument("--repeats", type=int, default=0,
                         help="timed calls per measurement, fastest reported (0: 31 for tiny, 1 for 270M)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (as train.py --device)")
+    parser.add_argument("--dtypes", default="fp32", help="comma-separated base-weight dtypes: fp32, bf16")
+    parser.add_argument("--memory-models", default="gemma-3-270m", help="models of the memory part (tiny too for a smoke run)")
+    parser.add_argument("--memory-shape", default="16,256", help="episodes,response tokens of the memory part's PPO step")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    dtypes = args.dtypes.split(",")
     if args.memory_child:
-        lean, N, T = args.memory_child.split(",")
-        return memory_step(lean == "lean", int(N), int(T))
+        source, lean, N, T, dtype = args.memory_child.split(",")
+        return memory_step(source, lean == "lean", int(N), int(T), args.device, dtype)
     torch.manual_seed(0)
     sizes = [int(n) for n in args.sizes.split(",")]
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, device cpu", flush=True)
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}"
+          + (f" ({torch.cuda.get_device_name()})" if torch.cuda.is_available() and args.device != "cpu" else ""), flush=True)
+    sources = {}
     for name in args.models.split(","):
         if name == "tiny":
             from tiny_world import make_random_model_dir
-            source = str(make_random_model_dir(Path(tempfile.mkdtemp())))
+            sources[name] = str(make_random_model_dir(Path(tempfile.mkdtemp())))
         else:
-            source = name
+            sources[name] = name
         repeats = args.repeats or (31 if name == "tiny" else 1)
-        bench_scores(name, source, sizes, args.micro, repeats)
-    if not args.no_memory and "gemma-3-270m" in args.models:
-        for mode in ("plain", "lean"):
-            subprocess.run([sys.executable, __file__, "--memory-child", f"{mode},16,256"], check=True)
+        for dtype in dtypes:
+            bench_scores(name, sources[name], sizes, args.micro, repeats, args.device, dtype)
+    for name in args.memory_models.split(",") if not args.no_memory else []:
+        if name not in sources:
+            continue
+        for dtype in dtypes:
+            for mode in ("plain", "lean"):
+                subprocess.run([sys.executable, __file__, "--device", args.device,
+                                "--memory-child", f"{sources[name]},{mode},{args.memory_shape},{dtype}"], check=True)
 
 
 if __name__ == "__main__":
