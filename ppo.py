@@ -34,9 +34,15 @@ def kl_penalized_rewards(scores, logprobs, ref_logprobs, mask, beta: float):
     score at its last response token (Ouyang et al. 2022, eq. 2, as a per-token sum).
 
     scores (N,); logprobs, ref_logprobs, mask (N, T). Returns (rewards, kl), both (N, T),
-    where kl is the per-token estimate log pi - log pi_ref (zero outside the mask)."""
-    kl = (logprobs - ref_logprobs) * mask                                   # (N, T)
-    rewards = -beta * kl                                                    # (N, T)
+    where kl is the per-token estimate log pi - log pi_ref (zero outside the mask).
+    ref_logprobs None (not computed: beta must be 0) gives kl None and the task scores alone."""
+    if ref_logprobs is None:
+        if beta != 0:
+            raise ValueError(f"kl_penalized_rewards: beta = {beta} needs the reference log-probs")
+        kl, rewards = None, torch.zeros_like(mask)
+    else:
+        kl = (logprobs - ref_logprobs) * mask                               # (N, T)
+        rewards = -beta * kl                                                # (N, T)
     last = (mask.sum(-1).long() - 1).clamp(min=0)                           # (N,) index of the last token
     has_tokens = mask.sum(-1) > 0
     rewards[torch.arange(len(scores)), last] += scores * has_tokens

@@ -190,9 +190,12 @@ def plain_generate(lm, input_ids, attention_mask, config: GenerationConfig) -> t
 
 @torch.no_grad()
 def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, max_new_tokens: int,
-                      temperature: float, seed: int, batch_size: int = 16, progress: bool = True) -> Rollouts:
+                      temperature: float, seed: int, batch_size: int = 16, progress: bool = True,
+                      reference: bool = True) -> Rollouts:
     """Sample `n_samples` responses to each prompt (pure temperature sampling, KV cache), then
-    record old log-probs, reference log-probs and values with one forward pass each.
+    record old log-probs and values with one forward pass, and reference log-probs with a
+    second (only if `reference`: train.py skips it when the KL penalty is 0, since nothing
+    else uses them; ref_logprobs is then None).
 
     Sampling draws from torch's global RNG inside a forked RNG state seeded by `seed`, so a
     given (seed, policy) always gives the same episodes, and the caller's RNG is untouched."""
@@ -229,18 +232,21 @@ def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, 
         texts.append(tokenizer.decode(g[:length], skip_special_tokens=True))
     rollouts = Rollouts(prompt_ids, prompt_mask, response_ids.to(device), response_mask.to(device),
                         truncated=truncated, prompt_index=[i // n_samples for i in range(N)], responses=texts)
-    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = _score_tokens(policy, rollouts, temperature, batch_size)
+    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = _score_tokens(policy, rollouts, temperature, batch_size,
+                                                                                  reference)
     return rollouts
 
 
 @torch.no_grad()
-def _score_tokens(policy, seqs: Sequences, temperature: float, batch_size: int):
-    """Old log-probs, values (adapters on) and reference log-probs (adapters off), batched."""
+def _score_tokens(policy, seqs: Sequences, temperature: float, batch_size: int, reference: bool = True):
+    """Old log-probs, values (adapters on) and, if `reference`, reference log-probs (adapters
+    off; else None), batched."""
     old, values, ref = [], [], []
     for s in range(0, len(seqs), batch_size):
         part = seqs.select(range(s, min(s + batch_size, len(seqs))))
         lp, v, _ = token_logprobs(policy, part, temperature)
-        with adapters_disabled(policy):
-            lp_ref, _, _ = token_logprobs(policy, part, temperature)
-        old.append(lp), values.append(v), ref.append(lp_ref)
-    return torch.cat(old), torch.cat(values), torch.cat(ref)
+        old.append(lp), values.append(v)
+        if reference:
+            with adapters_disabled(policy):
+                ref.append(token_logprobs(policy, part, temperature)[0])
+    return torch.cat(old), torch.cat(values), torch.cat(ref) if reference else None

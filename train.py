@@ -76,10 +76,11 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                      temperature=cfg.temperature, seed=derived_seed(cfg.seed, it, SAMPLING, dist.rank),
-                                     batch_size=cfg.gen_batch_size, progress=cfg.progress)
+                                     batch_size=cfg.gen_batch_size, progress=cfg.progress,
+                                     reference=cfg.kl_beta > 0)   # at beta 0 nothing uses pi_ref: no pass
         golds = [examples[j].gold for j in rollouts.prompt_index]
-        require_finite(it, "rollout", old_logprobs=rollouts.old_logprobs, ref_logprobs=rollouts.ref_logprobs,
-                       values=rollouts.values)
+        require_finite(it, "rollout", old_logprobs=rollouts.old_logprobs, values=rollouts.values,
+                       **({"ref_logprobs": rollouts.ref_logprobs} if cfg.kl_beta > 0 else {}))
 
     with timer("reward"):
         flipped = planted_flips(cfg, it, len(rollouts), dist.rank)                        # (N,) bools
@@ -110,8 +111,9 @@ def compute_advantages(cfg: Config, rollouts, scores: torch.Tensor, dist: Dist =
     """r_t = -beta (log pi_old - log pi_ref) + score at the last token (ppo.kl_penalized_rewards);
     A_t, R_t = GAE(gamma, lambda) (ppo.gae); A whitened over the response tokens of the whole
     batch, all ranks', its std floored at --adv-std-floor (ppo.whiten). Returns (advantages,
-    returns, kl), each (N, T), and the critic's health: the mean advantage before whitening
-    (over all response tokens) and the explained variance of V_old against the returns.
+    returns, kl), each (N, T) (kl None at --kl-beta 0, where pi_ref is not computed), and the
+    critic's health: the mean advantage before whitening (over all response tokens) and the
+    explained variance of V_old against the returns.
     With --advantage grpo: ppo.group_advantages of the episodes' summed rewards on every token,
     not whitened, no returns (zeros) and no critic."""
     mask = rollouts.response_mask
@@ -282,13 +284,16 @@ def iteration_records(it, cfg: Config, examples, rollouts, scores, flipped, kl, 
     # Sums and counts over all ranks first, then the means.
     total = dict(zip(("reward", "correct", "unparsed", "truncated", "tokens", "episodes", "kl"), dist.sum(torch.tensor(
         [scores.sum().item(), sum(correct), sum(a is None for a in answers), rollouts.truncated.sum().item(),
-         mask.sum().item(), len(rollouts), kl.sum().item()], dtype=torch.float64, device=mask.device)).tolist()))
+         mask.sum().item(), len(rollouts), 0.0 if kl is None else kl.sum().item()],
+        dtype=torch.float64, device=mask.device)).tolist()))
     per_episode = {k: total[k] / total["episodes"] for k in ("reward", "correct", "unparsed", "truncated", "tokens")}
     metrics = {
         "reward": per_episode["reward"], "accuracy": per_episode["correct"], "unparsed": per_episode["unparsed"],
         "truncated": per_episode["truncated"], "response_tokens": per_episode["tokens"],
         "episodes": int(total["episodes"]), "kept": n_kept, "kept_fraction": n_kept / total["episodes"],
-        "kl": total["kl"] / max(total["tokens"], 1.0),  # mean over all response tokens
+        # The KL to pi_ref, mean over all response tokens; logged only where it is computed
+        # (--kl-beta > 0): at beta 0 the reference pass is skipped.
+        **({} if kl is None else {"kl": total["kl"] / max(total["tokens"], 1.0)}),
         **{k: v for k, v in influence.items() if k != "scores"}, **update,
     }
     if cfg.reward_noise > 0:
@@ -406,7 +411,7 @@ def log_line(it: int, cfg: Config, m: dict, seconds: dict) -> str:
         if "score_mean" in m:
             body += (f" (ess {m['weight_ess']:.0f}) score {m['score_mean']:+.2e} "
                      f"[{m['score_min']:+.2e}, {m['score_max']:+.2e}]")
-        body += f" | kl {m['kl']:.4f}"
+        body += f" | kl {m['kl']:.4f}" if "kl" in m else " |"
         if not m.get("skipped"):
             body += (f" pg {m['policy_loss']:+.4f} vf {m['value_loss']:.4f} ent {m['entropy']:.3f} "
                      f"clip {m['clip_fraction']:.3f} akl {m['approx_kl']:.4f} ratio0 {m['ratio_first_max']:.3f}")
