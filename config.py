@@ -54,6 +54,12 @@ class Config:
     reweight: bool = flag(True, "weight kept episodes by s_i / mean kept s (--no-reweight: binary filter)")
     influence_method: str = flag("onepass", "how scores are computed: onepass (one batched backward per --micro-batch-size episodes, exact) or "
                                  "loop (one backward per episode, the readable reference)", choices=("onepass", "loop"))
+    passes: str = flag("shared", "shared: no separate pass for log pi_old and V_old where another forward at theta_old "
+                       "gives them: with influence on (one-pass), the scoring forward (its graph kept for all "
+                       "episodes until the scores: memory grows with the batch, not --micro-batch-size); with GRPO, "
+                       "no influence, --kl-beta 0 and one minibatch of every episode, the update's first forward. "
+                       "separate: a no-grad pass for them first, the readable path (the same numbers, tested)",
+                       choices=("shared", "separate"))
     random_filter: bool = flag(False, "control: drop as many episodes as influence would, chosen at random")
     init_adapter: str = flag("", "start from this checkpoint's LoRA adapters (e.g. an --algo sft run)")
     # schedule and sampling

@@ -22,6 +22,9 @@ Public functions:
     influence_scores(episode_grads, g_val)       -> (N,) scores s_i
     onepass_scores(policy, rollouts, advantages, g_val, ...) -> (N,) the same scores from one
                                                     batched forward + backward (no g_i in memory)
+    scoring_forward(policy, part, temperature), scoring_backward(policy, forwards, old, adv, g_val)
+                                                 -> its two halves (train.py --passes shared
+                                                    takes pi_old and V_old from the forwards)
     filter_and_reweight(scores)                  -> (keep (N,) bool, weights (N,))
     binary_filter(scores)                        -> the same filter, every kept weight 1
     random_filter(scores, generator)             -> drop as many as the scores would, at random
@@ -105,7 +108,55 @@ def onepass_scores(policy, rollouts: Rollouts, advantages: torch.Tensor, g_val: 
     exactly dL_i/dy for L = sum_j L_j; summing the terms above over episode i's positions and
     over layers gives s_i exactly. Hooks record x and d per layer; no per-episode gradient is
     ever formed. `batch_size` episodes share one forward/backward (memory only).
-    Returns (N,) fp32; equal to influence_scores(episode_gradients(...), g_val) (tested)."""
+    Returns (N,) fp32; equal to influence_scores(episode_gradients(...), g_val) (tested).
+
+    Each batch is one scoring_forward (the forward at theta_old, recording x) followed by its
+    scoring_backward. The shared-pass path (train.py --passes shared) runs all the forwards
+    first and takes the old log-probs and values from them, then the backwards."""
+    scores = []
+    for s in range(0, len(rollouts), batch_size):
+        index = torch.arange(s, min(s + batch_size, len(rollouts)))
+        forward = scoring_forward(policy, rollouts.select(index), temperature)
+        forward.index = index
+        scores.append(scoring_backward(policy, [forward], rollouts.old_logprobs, advantages, g_val, clip_eps=clip_eps))
+    return torch.cat(scores)
+
+
+class ScoringForward:
+    """One batch's forward at theta_old with its graph kept: log pi (with grad), V (detached),
+    and per LoRA layer the input x (recorded now) and, once the backward has run, dL/dy."""
+    def __init__(self, logprobs, values, mask, seen, index=None):
+        self.logprobs, self.values, self.mask, self.seen, self.index = logprobs, values, mask, seen, index
+
+
+def scoring_forward(policy, part: Sequences, temperature: float) -> ScoringForward:
+    """The forward half of onepass_scores for the episodes `part`: token_logprobs with hooks on
+    every LoRA layer recording its input x and registering for its output gradient d."""
+    layers = [m for m in policy.modules() if isinstance(m, LoRALinear)]
+    seen, calls = {}, [0] * len(layers)  # layer index -> [x, d]; forward calls per layer
+
+    def record(k):
+        def hook(module, inputs, output):
+            calls[k] += 1
+            seen[k] = [inputs[0].detach(), None]
+            output.register_hook(lambda grad: seen[k].__setitem__(1, grad))
+        return hook
+
+    handles = [layer.register_forward_hook(record(k)) for k, layer in enumerate(layers)]
+    try:
+        logprobs, values, _ = token_logprobs(policy, part, temperature)
+    finally:
+        for h in handles:
+            h.remove()
+    check_one_call_per_layer(policy, layers, calls)
+    return ScoringForward(logprobs, values.detach(), part.response_mask, seen)
+
+
+def scoring_backward(policy, forwards: list[ScoringForward], old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                     g_val: torch.Tensor, *, clip_eps: float) -> torch.Tensor:
+    """The backward half of onepass_scores: for each recorded forward (its `index` says which
+    episodes of the buffer it holds), the backward of sum_i L_i, then the contraction of x and
+    d with g_val. Returns the scores of all forwards' episodes in order, (n,) fp32."""
     layers = [m for m in policy.modules() if isinstance(m, LoRALinear)]
     params = lora_parameters(policy)
     slices, offset = [], 0
@@ -115,33 +166,16 @@ def onepass_scores(policy, rollouts: Rollouts, advantages: torch.Tensor, g_val: 
                        g_val[offset + a:offset + a + b].view_as(layer.lora_B)))
         offset += a + b
     scores = []
-    for s in range(0, len(rollouts), batch_size):
-        part = rollouts.select(range(s, min(s + batch_size, len(rollouts))))
-        seen, calls = {}, [0] * len(layers)  # layer index -> [x, d]; forward calls per layer
-
-        def record(k):
-            def hook(module, inputs, output):
-                calls[k] += 1
-                seen[k] = [inputs[0].detach(), None]
-                output.register_hook(lambda grad: seen[k].__setitem__(1, grad))
-            return hook
-
-        handles = [layer.register_forward_hook(record(k)) for k, layer in enumerate(layers)]
-        try:
-            logprobs, _, _ = token_logprobs(policy, part, temperature)
-            idx = torch.arange(s, s + len(part))
-            loss = policy_loss(logprobs, part.old_logprobs, advantages[idx.to(advantages.device)],
-                               part.response_mask, clip_eps).sum()
-            torch.autograd.grad(loss, params, allow_unused=True)  # runs the backward; fills d
-        finally:
-            for h in handles:
-                h.remove()
-        check_one_call_per_layer(policy, layers, calls)
+    for f in forwards:
+        idx = f.index.to(advantages.device)
+        loss = policy_loss(f.logprobs, old_logprobs[idx], advantages[idx], f.mask, clip_eps).sum()
+        torch.autograd.grad(loss, params, allow_unused=True)  # runs the backward; fills d, frees the graph
+        seen = f.seen
         # Per layer, both terms in two matmuls: x [A; V_A]^T = [u, V_A x] and d [V_B, B] = [V_B^T d, B^T d],
         # so their elementwise product summed over the last dim is d^T V_B u + (B^T d)^T V_A x.
         # The matmuls run in the adapters' dtype (fp32); the sums over positions and layers (~10^5 terms of both signs
         # per episode) are accumulated in float64.
-        part_scores = torch.zeros(len(part), device=g_val.device, dtype=torch.float64)
+        part_scores = torch.zeros(len(idx), device=g_val.device, dtype=torch.float64)
         with torch.no_grad():
             for k, (layer, (V_A, V_B)) in enumerate(zip(layers, slices)):
                 dtype = layer.lora_A.dtype  # fp32 (LoRA weights always are), fp64 in the benchmark's check
@@ -152,6 +186,7 @@ def onepass_scores(policy, rollouts: Rollouts, advantages: torch.Tensor, g_val: 
                 right = d @ torch.cat([V_B.to(dtype), layer.lora_B], dim=1)          # (n, L, 2r)
                 per_position = (left * right).sum(-1)                                # (n, L)
                 part_scores += layer.scale * per_position.double().sum(-1)           # sum over positions
+        f.seen = None                                                                # x and d: no longer needed
         scores.append(part_scores.float())
     return torch.cat(scores)
 

@@ -191,11 +191,12 @@ def plain_generate(lm, input_ids, attention_mask, config: GenerationConfig) -> t
 @torch.no_grad()
 def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, max_new_tokens: int,
                       temperature: float, seed: int, batch_size: int = 16, progress: bool = True,
-                      reference: bool = True) -> Rollouts:
+                      old: bool = True, reference: bool = True) -> Rollouts:
     """Sample `n_samples` responses to each prompt (pure temperature sampling, KV cache), then
-    record old log-probs and values with one forward pass, and reference log-probs with a
-    second (only if `reference`: train.py skips it when the KL penalty is 0, since nothing
-    else uses them; ref_logprobs is then None).
+    record old log-probs and values with one forward pass (only if `old`: with --passes shared
+    train.py takes them from the influence scoring's forward instead), and reference log-probs
+    with a second (only if `reference`: train.py skips it when the KL penalty is 0, since
+    nothing else uses them). What is not computed is None.
 
     Sampling draws from torch's global RNG inside a forked RNG state seeded by `seed`, so a
     given (seed, policy) always gives the same episodes, and the caller's RNG is untouched."""
@@ -232,21 +233,25 @@ def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, 
         texts.append(tokenizer.decode(g[:length], skip_special_tokens=True))
     rollouts = Rollouts(prompt_ids, prompt_mask, response_ids.to(device), response_mask.to(device),
                         truncated=truncated, prompt_index=[i // n_samples for i in range(N)], responses=texts)
-    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = _score_tokens(policy, rollouts, temperature, batch_size,
-                                                                                  reference)
+    if old or reference:
+        rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = _score_tokens(policy, rollouts, temperature,
+                                                                                      batch_size, reference, old)
     return rollouts
 
 
 @torch.no_grad()
-def _score_tokens(policy, seqs: Sequences, temperature: float, batch_size: int, reference: bool = True):
-    """Old log-probs, values (adapters on) and, if `reference`, reference log-probs (adapters
-    off; else None), batched."""
-    old, values, ref = [], [], []
+def _score_tokens(policy, seqs: Sequences, temperature: float, batch_size: int, reference: bool = True,
+                  old: bool = True):
+    """If `old`, old log-probs and values (adapters on); if `reference`, reference log-probs
+    (adapters off). Batched; what is not computed is None."""
+    olds, values, ref = [], [], []
     for s in range(0, len(seqs), batch_size):
         part = seqs.select(range(s, min(s + batch_size, len(seqs))))
-        lp, v, _ = token_logprobs(policy, part, temperature)
-        old.append(lp), values.append(v)
+        if old:
+            lp, v, _ = token_logprobs(policy, part, temperature)
+            olds.append(lp), values.append(v)
         if reference:
             with adapters_disabled(policy):
                 ref.append(token_logprobs(policy, part, temperature)[0])
-    return torch.cat(old), torch.cat(values), torch.cat(ref) if reference else None
+    cat = lambda xs: torch.cat(xs) if xs else None   # noqa: E731
+    return cat(olds), cat(values), cat(ref)

@@ -44,7 +44,7 @@ from distributed import Dist
 from distributed import setup as setup_distributed
 from evaluate import evaluate
 from influence import (binary_filter, detection_auc, episode_gradients, filter_and_reweight, influence_scores,
-                       onepass_scores, random_filter, sft_nll, validation_gradient)
+                       onepass_scores, random_filter, scoring_backward, scoring_forward, sft_nll, validation_gradient)
 from model import inspect_model, load_adapter, load_policy, load_reference_adapter
 from ppo import (approx_kl, clip_fraction, explained_variance, gae, group_advantages, kl_penalized_rewards, masked_mean,
                  policy_loss, value_loss, whiten)
@@ -72,15 +72,24 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
     examples = [train_examples[i] for i in batch_indices(len(train_examples), it, cfg.prompts_per_iter, cfg.seed)]
     examples = examples[slice(*dist.share(len(examples)))]  # this rank's prompts (all of them in one process)
 
+    # --passes shared: no separate pass for pi_old and V_old where another forward at theta_old
+    # gives them exactly: with influence on (one-pass), the scoring's forward (its graph kept
+    # until the scores); for GRPO without influence or KL, when one minibatch holds every
+    # episode, the update's own first forward (ppo_update fills them in).
+    shared = cfg.passes == "shared" and cfg.influence == "on" and cfg.influence_method == "onepass"
+    from_update = (cfg.passes == "shared" and cfg.influence == "off" and cfg.advantage == "grpo" and cfg.kl_beta == 0
+                   and cfg.minibatch_size >= cfg.prompts_per_iter * cfg.samples_per_prompt)
     with timer("rollout"):
         rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                      temperature=cfg.temperature, seed=derived_seed(cfg.seed, it, SAMPLING, dist.rank),
                                      batch_size=cfg.gen_batch_size, progress=cfg.progress,
+                                     old=not (shared or from_update),
                                      reference=cfg.kl_beta > 0)   # at beta 0 nothing uses pi_ref: no pass
+        forwards = scoring_forwards(cfg, policy, rollouts) if shared else None
         golds = [examples[j].gold for j in rollouts.prompt_index]
         require_finite(it, "rollout", old_logprobs=rollouts.old_logprobs, values=rollouts.values,
-                       **({"ref_logprobs": rollouts.ref_logprobs} if cfg.kl_beta > 0 else {}))
+                       ref_logprobs=rollouts.ref_logprobs)
 
     with timer("reward"):
         flipped = planted_flips(cfg, it, len(rollouts), dist.rank)                        # (N,) bools
@@ -94,7 +103,7 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         advantages, returns, kl, critic = compute_advantages(cfg, rollouts, scores, dist)  # (N, T) each
 
     with timer("influence"):
-        keep, weights, influence = select_episodes(it, cfg, policy, rollouts, advantages, val_seqs, dist)
+        keep, weights, influence = select_episodes(it, cfg, policy, rollouts, advantages, val_seqs, dist, forwards)
         n_kept = int(dist.sum(keep.sum()))                                               # |D'| over all ranks
 
     with timer("update"):
@@ -135,8 +144,23 @@ def compute_advantages(cfg: Config, rollouts, scores: torch.Tensor, dist: Dist =
     return advantages, returns, kl, critic
 
 
-def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs, dist: Dist = SINGLE):
-    """Influence scores at theta_old and the kept set D' with its weights.
+def scoring_forwards(cfg: Config, policy, rollouts) -> list:
+    """--passes shared: the forward half of the one-pass scores over all episodes, --micro-batch-size
+    at a time, graphs kept; sets rollouts.old_logprobs and rollouts.values from them (the same
+    forward at theta_old that the separate pass would run without a graph)."""
+    forwards = []
+    for index in chunks(torch.arange(len(rollouts)), cfg.micro_batch_size):
+        forward = scoring_forward(policy, rollouts.select(index), cfg.temperature)
+        forward.index = index
+        forwards.append(forward)
+    rollouts.old_logprobs = torch.cat([f.logprobs.detach() for f in forwards])          # (N, T)
+    rollouts.values = torch.cat([f.values for f in forwards])                           # (N, T)
+    return forwards
+
+
+def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs, dist: Dist = SINGLE, forwards=None):
+    """Influence scores at theta_old and the kept set D' with its weights (`forwards`: the
+    scoring forwards already run, --passes shared; their backwards give the scores).
     Returns (keep (N,) bool, weights (N,), metrics dict) for this rank's episodes; the filter
     and the weight normalisation (mean score over the kept episodes) see all ranks' scores."""
     N = len(rollouts)
@@ -151,6 +175,8 @@ def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs, dis
         grads = episode_gradients(policy, rollouts, advantages, clip_eps=cfg.clip_eps,
                                   temperature=cfg.temperature, progress=cfg.progress)                # (N, P)
         scores = influence_scores(grads, g_val)                                                       # (N,)
+    elif forwards is not None:
+        scores = scoring_backward(policy, forwards, rollouts.old_logprobs, advantages, g_val, clip_eps=cfg.clip_eps)
     else:
         scores = onepass_scores(policy, rollouts, advantages, g_val, clip_eps=cfg.clip_eps,
                                 temperature=cfg.temperature, batch_size=cfg.micro_batch_size)         # (N,)
@@ -197,6 +223,15 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
     ratio_sum, ratio_count, ratio_max = 0.0, 0.0, 0.0
     steps = [(e, mb) for e in range(cfg.ppo_epochs)
              for mb in kept_all[torch.randperm(len(kept_all), generator=generator)].tensor_split(n_minibatches)]
+    # --passes shared, GRPO: no pass before the update computed pi_old and V_old. The first step's
+    # one minibatch holds every episode at theta_old, so its forward gives them exactly (the
+    # ratio is 1 there by construction); later epochs use what it recorded.
+    fill_old = rollouts.old_logprobs is None
+    if fill_old:
+        if n_minibatches != 1 or len(kept_all) != cfg.prompts_per_iter * cfg.samples_per_prompt:
+            raise RuntimeError("pi_old is taken from the update's first forward only when one minibatch holds "
+                               "every episode")
+        rollouts.old_logprobs, rollouts.values = torch.zeros_like(advantages), torch.zeros_like(advantages)
     for step, (epoch, global_minibatch) in enumerate(tqdm(steps, desc="updating", unit="step",
                                                           disable=not cfg.progress, leave=False)):
         optimizer.zero_grad(set_to_none=True)
@@ -206,6 +241,9 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
         for micro in chunks(minibatch, cfg.micro_batch_size):
             part = rollouts.select(micro)
             logprobs, values, entropy = token_logprobs(policy, part, cfg.temperature, with_entropy=True)  # (n, T)
+            if fill_old and step == 0:
+                part.old_logprobs, part.values = logprobs.detach(), values.detach()
+                rollouts.old_logprobs[micro], rollouts.values[micro] = part.old_logprobs, part.values
             pg = policy_loss(logprobs, part.old_logprobs, advantages[micro], part.response_mask, cfg.clip_eps)  # (n,)
             vf = value_loss(values, part.values, returns[micro], part.response_mask, cfg.value_clip_eps)       # (n,)
             ent = masked_mean(entropy, part.response_mask)                                    # (n,)
@@ -375,9 +413,12 @@ def chunks(index: torch.Tensor, size: int):
 
 
 def require_finite(it: int, phase: str, **tensors: torch.Tensor) -> None:
-    """Stop the run on a NaN or inf, naming the iteration, the phase and the tensor. Raised
-    before anything of the iteration is saved, so checkpoints/latest stays the last good one."""
+    """Stop the run on a NaN or inf, naming the iteration, the phase and the tensor (None: not
+    computed, skipped). Raised before anything of the iteration is saved, so checkpoints/latest
+    stays the last good one."""
     for name, t in tensors.items():
+        if t is None:
+            continue
         bad = int((~torch.isfinite(t)).sum())
         if bad:
             raise FloatingPointError(f"iteration {it + 1}: {name} contains NaN/inf ({bad} of {t.numel()} values) "

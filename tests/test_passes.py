@@ -10,16 +10,17 @@ def test_no_reference_pass_at_kl_beta_0_and_nothing_else_changes(tiny_dir, tmp_p
     calls = []
     real = rollout._score_tokens
 
-    def counting(policy, seqs, temperature, batch_size, reference=True):
+    def counting(policy, seqs, temperature, batch_size, reference=True, old=True):
         calls.append(reference)
-        return real(policy, seqs, temperature, batch_size, reference)
+        return real(policy, seqs, temperature, batch_size, reference, old)
 
     monkeypatch.setattr(rollout, "_score_tokens", counting)
-    args = ["--model", tiny_dir, *SMALL, "--iterations", "2", "--eval-every", "0", "--kl-beta", "0", "--lr", "1e-2"]
+    args = ["--model", tiny_dir, *SMALL, "--iterations", "2", "--eval-every", "0", "--kl-beta", "0", "--lr", "1e-2",
+            "--passes", "separate"]
     skipped = train.main([*args, "--run-dir", str(tmp_path / "skipped")])
     assert calls == [False, False]
     # The same run with the reference pass forced back in: identical but for the logged KL.
-    monkeypatch.setattr(rollout, "_score_tokens", lambda p, s, t, b, reference=True: real(p, s, t, b, True))
+    monkeypatch.setattr(rollout, "_score_tokens", lambda p, s, t, b, reference=True, old=True: real(p, s, t, b, True, old))
     full = train.main([*args, "--run-dir", str(tmp_path / "full")])
     a, b = metrics(skipped), metrics(full)
     assert all("kl" not in m for m in a) and all("kl" in m for m in b[1:])
@@ -27,3 +28,92 @@ def test_no_reference_pass_at_kl_beta_0_and_nothing_else_changes(tiny_dir, tmp_p
     episodes = lambda d: (d / "episodes.jsonl").read_text()   # noqa: E731
     assert episodes(skipped) == episodes(full)
     assert json.loads((skipped / "config.json").read_text())["kl_beta"] == 0
+
+
+def close(a, b, tol=1e-6):
+    """Equal up to `tol` relative (numbers), exactly (anything else), recursively."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k], tol) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(close(x, y, tol) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
+    return a == b
+
+
+def test_shared_and_separate_passes_give_the_same_run(tiny_dir, tmp_path):
+    """--passes shared takes pi_old and V_old from the influence scoring's forward; the run must
+    equal the one with the separate no-grad pass: old log-probs (through the ratios and the
+    KL), values (through the advantages), scores, kept sets, weights and updated parameters."""
+    from safetensors.torch import load_file
+    runs = {}
+    for passes in ("separate", "shared"):
+        runs[passes] = train.main(["--model", tiny_dir, *SMALL, "--iterations", "3", "--eval-every", "0", "--lr", "1e-2",
+                                   "--kl-beta", "0.05", "--passes", passes, "--run-dir", str(tmp_path / passes)])
+    a, b = metrics(runs["separate"]), metrics(runs["shared"])
+    assert [m["iteration"] for m in a] == [1, 2, 3]
+    assert any(m["policy_loss"] != 0 for m in a) and all("score_mean" in m for m in a)
+    for x, y in zip(a, b):
+        assert close(comparable(x), comparable(y)), (comparable(x), comparable(y))
+    ea = [json.loads(l) for l in (runs["separate"] / "episodes.jsonl").read_text().splitlines()]
+    eb = [json.loads(l) for l in (runs["shared"] / "episodes.jsonl").read_text().splitlines()]
+    assert [(e["response"], e["kept"]) for e in ea] == [(e["response"], e["kept"]) for e in eb]
+    assert close([e["score"] for e in ea], [e["score"] for e in eb]) and close([e["weight"] for e in ea],
+                                                                             [e["weight"] for e in eb])
+    ta = load_file(runs["separate"] / "checkpoints" / "iter_000003" / "adapter.safetensors")
+    tb = load_file(runs["shared"] / "checkpoints" / "iter_000003" / "adapter.safetensors")
+    for name in ta:
+        assert (ta[name] - tb[name]).abs().max() <= 1e-6 * max(1.0, ta[name].abs().max().item()), name
+
+
+def test_the_scoring_forward_gives_the_old_pass_numbers(tiny_dir):
+    """On one buffer: log pi_old and V_old of the scoring forwards equal the no-grad pass's, and
+    the scores from their backwards equal onepass_scores', to 1e-6."""
+    import torch
+    from influence import onepass_scores, scoring_backward, validation_gradient
+    from model import load_policy, lora_parameters
+    from rollout import encode_pairs, generate_rollouts
+    policy, tok = load_policy(tiny_dir, quiet=True)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in lora_parameters(policy):
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        policy.value_head.weight.copy_(torch.randn(policy.value_head.weight.shape, generator=g))
+    buf = generate_rollouts(policy, tok, ["Question: 12+30?\nAnswer:", "Q: 7?", "What is 1 more than 99?"],
+                            n_samples=3, max_new_tokens=9, temperature=0.8, seed=1, progress=False, batch_size=4)
+    cfg = train.Config(micro_batch_size=4, temperature=0.8)
+    old, values = buf.old_logprobs.clone(), buf.values.clone()
+    forwards = train.scoring_forwards(cfg, policy, buf)
+    torch.testing.assert_close(buf.old_logprobs, old, rtol=0, atol=1e-6)
+    torch.testing.assert_close(buf.values, values, rtol=0, atol=1e-6)
+    advantages = torch.randn(buf.response_mask.shape, generator=g) * buf.response_mask
+    g_val = validation_gradient(policy, encode_pairs(tok, ["Q: 2+2?"], ["#### 4"]))
+    shared = scoring_backward(policy, forwards, buf.old_logprobs, advantages, g_val, clip_eps=0.2)
+    separate = onepass_scores(policy, buf, advantages, g_val, clip_eps=0.2, temperature=0.8, batch_size=4)
+    assert ((shared - separate).abs().max() / separate.abs().max()).item() <= 1e-6
+
+
+def test_grpo_takes_pi_old_from_the_update_and_equals_the_separate_pass(tiny_dir, tmp_path, monkeypatch):
+    """GRPO, no influence, --kl-beta 0, one minibatch of every episode: no pass before the
+    update (rollout computes nothing), and the run equals the one with the separate pass."""
+    from safetensors.torch import load_file
+    calls = []
+    real = rollout._score_tokens
+    monkeypatch.setattr(rollout, "_score_tokens", lambda *a, **k: calls.append(1) or real(*a, **k))
+    runs = {}
+    for passes in ("separate", "shared"):
+        runs[passes] = train.main(["--model", tiny_dir, *SMALL, "--iterations", "3", "--eval-every", "0", "--lr", "1e-2",
+                                   "--advantage", "grpo", "--influence", "off", "--kl-beta", "0", "--minibatch-size", "6",
+                                   "--passes", passes, "--run-dir", str(tmp_path / passes)])
+        if passes == "separate":
+            assert len(calls) == 3
+    assert len(calls) == 3                       # the shared run made no pass before its updates
+    a, b = metrics(runs["separate"]), metrics(runs["shared"])
+    assert any(m["policy_loss"] != 0 for m in a)
+    assert all(m["ratio_first_max"] == 1.0 for m in b)     # pi_old is the first forward itself
+    for x, y in zip(a, b):
+        assert close(comparable(x), comparable(y)), (comparable(x), comparable(y))
+    ta = load_file(runs["separate"] / "checkpoints" / "iter_000003" / "adapter.safetensors")
+    tb = load_file(runs["shared"] / "checkpoints" / "iter_000003" / "adapter.safetensors")
+    for name in ta:
+        assert (ta[name] - tb[name]).abs().max() <= 1e-6 * max(1.0, ta[name].abs().max().item()), name
