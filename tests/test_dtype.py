@@ -91,20 +91,20 @@ def all_finite(rows):
 def test_sft_then_i_ppo_then_evaluation_in_bf16(tiny_dir, tmp_path):
     from safetensors.torch import load_file
     sft = train.main(["--model", tiny_dir, "--run-dir", str(tmp_path / "sft"), *SMALL, "--dtype", "bf16",
-                      "--algo", "sft", "--iterations", "2", "--eval-every", "2", "--lr", "1e-2"])
+                      "--algo", "sft", "--iterations", "1", "--eval-every", "1", "--lr", "1e-2"])
     ippo = train.main(["--model", tiny_dir, "--run-dir", str(tmp_path / "ippo"), *SMALL, "--dtype", "bf16",
-                       "--init-adapter", str(sft), "--iterations", "2", "--eval-every", "2", "--lr", "1e-2"])
+                       "--init-adapter", str(sft), "--iterations", "1", "--eval-every", "1", "--lr", "1e-2"])
     for run_dir in (sft, ippo):
         assert json.loads((Path(run_dir) / "config.json").read_text())["dtype"] == "bf16"
         rows = metrics(run_dir)
-        assert rows[-1]["iteration"] == 2 and all_finite(rows)
-        tensors = load_file(Path(run_dir) / "checkpoints" / "iter_000002" / "adapter.safetensors")
+        assert rows[-1]["iteration"] == 1 and all_finite(rows)
+        tensors = load_file(Path(run_dir) / "checkpoints" / "iter_000001" / "adapter.safetensors")
         assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in tensors.values())
     rows = metrics(ippo)
     assert all("score_mean" in r and "policy_loss" in r for r in rows[1:])
     assert any(r["policy_loss"] != 0 for r in rows[1:])
     # The adapter moved in bf16 training (SFT's B starts at zero).
-    sft_b = load_file(Path(sft) / "checkpoints" / "iter_000002" / "adapter.safetensors")
+    sft_b = load_file(Path(sft) / "checkpoints" / "iter_000001" / "adapter.safetensors")
     assert any(t.abs().max() > 0 for k, t in sft_b.items() if k.endswith("lora_B"))
     out = tmp_path / "eval.json"
     evaluate.main(["--model", tiny_dir, "--adapter", str(ippo), "--dtype", "bf16", "--dataset", "arith",

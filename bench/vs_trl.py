@@ -1,0 +1,146 @@
+"""Seconds per step: our GRPO, PPO and I-PPO against TRL's GRPOTrainer on the same work.
+
+    pip install trl==1.16.0                     # benchmark only; not in requirements.txt
+    HF_HUB_OFFLINE=1 python bench/vs_trl.py                         # tiny-arith, then Gemma-3-270M
+    HF_HUB_OFFLINE=1 python bench/vs_trl.py --models tiny-arith --runs 1 --steps 3   # a quick check
+
+The same work on both sides: one model (tiny-arith, the tiny world's 1M-parameter Gemma-3, or
+the offline Gemma-3-270M), arith prompts in our prompt format, 8 prompts x 8 samples = 64
+episodes a step, at most 40 new tokens at temperature 1, LoRA r = 8 (alpha 16) on q, k, v, o,
+KL beta 0, one epoch of one minibatch of 64 (one optimizer step per batch of episodes),
+constant learning rate 1e-3, fp32, eager attention, no gradient checkpointing, one forward and
+backward for the whole minibatch (our --micro-batch-size 64, TRL's per-device batch 64).
+TRL: GRPOTrainer with PEFT's LoRA, timed from on_step_begin to on_step_end (generation,
+scoring and the update); ours: train.py, the sum of the per-phase seconds of each iteration
+in metrics.jsonl (rollout, reward, advantages, influence, update; the checkpoint written after
+each iteration is not counted, as TRL here saves nothing). Reported: the median over steps 2 to
+--steps of each run, the median over --runs runs, seconds per 1000 generated tokens, and each
+of ours divided by TRL's.
+
+It runs each configuration alone, one after the other: run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import data  # noqa: E402
+import reward  # noqa: E402
+import train  # noqa: E402
+from model import model_source  # noqa: E402
+
+PROMPTS, SAMPLES, NEW_TOKENS, LR = 8, 8, 40, 1e-3
+OURS = {"GRPO": ["--advantage", "grpo", "--influence", "off"],
+        "PPO": ["--influence", "off"],
+        "I-PPO": ["--influence", "on"]}
+
+
+def run_ours(model: str, flags: list[str], steps: int, out: Path) -> list[dict]:
+    """train.py with the shared settings; per step: seconds (sum of phases) and generated tokens."""
+    run_dir = train.main(["--model", model, "--dataset", "arith", "--iterations", str(steps),
+                          "--prompts-per-iter", str(PROMPTS), "--samples-per-prompt", str(SAMPLES),
+                          "--max-new-tokens", str(NEW_TOKENS), "--temperature", "1.0", "--lr", str(LR), "--kl-beta", "0",
+                          "--ppo-epochs", "1", "--minibatch-size", str(PROMPTS * SAMPLES),
+                          "--micro-batch-size", str(PROMPTS * SAMPLES), "--gen-batch-size", str(PROMPTS * SAMPLES),
+                          "--eval-every", "0", "--no-progress", "--no-plots", "--run-dir", str(out), *flags])
+    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{"seconds": sum(r["seconds"].values()), "tokens": r["response_tokens"] * r["episodes"]} for r in rows]
+
+
+def run_trl(model: str, steps: int, out: Path) -> list[dict]:
+    """TRL's GRPOTrainer on the same prompts, reward, batch and settings."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    source = str(model_source(model))
+    task = data.load_task("arith", "train", "local")
+    examples = task.examples[:PROMPTS * (steps + 1)]
+    dataset = Dataset.from_list([{"prompt": data.make_prompt(e.question, "arith"), "gold": e.gold} for e in examples])
+
+    def correct(completions, gold, **_):
+        return [reward.reward_fn(c, g, "arith") for c, g in zip(completions, gold)]
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.steps, self.t0 = [], None
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.steps.append({"seconds": time.perf_counter() - self.t0})
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs and self.steps:
+                self.steps[-1]["tokens"] = float(logs["completions/mean_length"]) * PROMPTS * SAMPLES
+
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    lm = AutoModelForCausalLM.from_pretrained(source, dtype="float32", attn_implementation="eager")
+    config = GRPOConfig(output_dir=str(out), per_device_train_batch_size=PROMPTS * SAMPLES, num_generations=SAMPLES,
+                        max_completion_length=NEW_TOKENS, temperature=1.0, top_k=0, top_p=1.0, beta=0.0,
+                        num_iterations=1, gradient_accumulation_steps=1, learning_rate=LR, lr_scheduler_type="constant",
+                        warmup_steps=0, max_steps=steps, bf16=False, fp16=False, gradient_checkpointing=False,
+                        use_cpu=True, logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, seed=0)
+    timer = Timer()
+    trainer = GRPOTrainer(model=lm, reward_funcs=correct, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[timer],
+                          peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    trainer.train()
+    return timer.steps
+
+
+def median_step(steps: list[dict]) -> dict:
+    later = steps[1:] or steps                       # step 1 warms up (allocations, first compile of kernels)
+    return {"seconds": statistics.median(s["seconds"] for s in later),
+            "ms_per_1k_tokens": statistics.median(1e6 * s["seconds"] / max(s.get("tokens", 0), 1) for s in later)}
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="tiny-arith,gemma-3-270m")
+    parser.add_argument("--steps", type=int, default=12, help="steps per run (the median is over steps 2..steps)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per configuration on tiny-arith (one on Gemma-3-270M)")
+    parser.add_argument("--out", default=None, help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
+    import torch
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; {PROMPTS} x {SAMPLES} episodes, "
+          f"{NEW_TOKENS} new tokens, LoRA r=8 on q,k,v,o, beta 0, one minibatch, fp32", flush=True)
+    rows = []
+    for model in args.models.split(","):
+        runs = args.runs if model == "tiny-arith" else 1
+        results = {}
+        for name in ["TRL GRPOTrainer", *OURS]:
+            per_run = []
+            for r in range(runs):
+                with tempfile.TemporaryDirectory() as tmp:
+                    steps = (run_trl(model, args.steps, Path(tmp)) if name.startswith("TRL")
+                             else run_ours(model, OURS[name], args.steps, Path(tmp) / "run"))
+                per_run.append(median_step(steps))
+                print(f"[{model}] {name} run {r + 1}: {per_run[-1]['seconds']:.3f} s per step", flush=True)
+            results[name] = {k: statistics.median(p[k] for p in per_run) for k in per_run[0]}
+        trl = results["TRL GRPOTrainer"]["seconds"]
+        for name, res in results.items():
+            rows.append({"model": model, "trainer": name, **res, "vs_trl": res["seconds"] / trl, "runs": runs,
+                         "steps": args.steps})
+    print("\n| model | trainer | s per step | ms per 1000 generated tokens | / TRL |\n|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['trainer']} | {r['seconds']:.3f} | {r['ms_per_1k_tokens']:.0f} | {r['vs_trl']:.2f} |")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
