@@ -255,23 +255,28 @@ def with_nan(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def rollouts_with_nan_logprobs(rollouts):
-    rollouts.old_logprobs = with_nan(rollouts.old_logprobs)
-    return rollouts
+def nan_old_logprobs(scoring_forwards):
+    """train.scoring_forwards (--passes shared: where pi_old comes from) leaving a NaN in them."""
+    def wrapped(cfg, policy, rollouts):
+        forwards = scoring_forwards(cfg, policy, rollouts)
+        rollouts.old_logprobs = with_nan(rollouts.old_logprobs)
+        return forwards
+    return wrapped
 
 
 @pytest.mark.parametrize("name, corrupt, phase, tensor", [
-    ("generate_rollouts", rollouts_with_nan_logprobs, "rollout", "old_logprobs"),
+    ("scoring_forwards", nan_old_logprobs, "rollout", "old_logprobs"),
     ("reward_fn", lambda r: float("inf"), "reward", "scores"),
     ("validation_gradient", with_nan, "influence", "g_val"),
-    ("onepass_scores", with_nan, "influence", "scores"),
+    ("scoring_backward", with_nan, "influence", "scores"),
     ("policy_loss", with_nan, "update, epoch 1", "loss"),
 ])
 def test_nan_stops_the_run_naming_the_phase_and_keeps_the_last_good_checkpoint(
         reference, tmp_path, monkeypatch, name, corrupt, phase, tensor):
     run_dir = tmp_path / "run"
     shutil.copytree(reference.after_first_commit, run_dir)     # iteration 1 done and committed
-    monkeypatch.setattr(train, name, corrupted(getattr(train, name), corrupt))   # from iteration 2 on
+    patched = corrupt(getattr(train, name)) if corrupt is nan_old_logprobs else corrupted(getattr(train, name), corrupt)
+    monkeypatch.setattr(train, name, patched)   # from iteration 2 on
     with pytest.raises(FloatingPointError) as caught:
         train.main(["--resume", str(run_dir), "--no-progress"])
     message = str(caught.value)
@@ -297,7 +302,7 @@ def test_nonfinite_gradient_stops_the_update(reference, tmp_path, monkeypatch):
 def test_the_command_line_reports_a_nan_without_a_traceback(tiny_dir, tmp_path):
     """python train.py: exit status 1 and one message naming the phase."""
     script = ("import sys, runpy, torch, influence\n"
-              "influence.onepass_scores = lambda *a, **k: torch.full((4,), float('nan'))\n"
+              "influence.scoring_backward = lambda *a, **k: torch.full((4,), float('nan'))\n"
               "sys.argv = ['train.py'] + sys.argv[1:]\n"
               "runpy.run_path('train.py', run_name='__main__')\n")
     argv = ["--model", tiny_dir, "--run-dir", str(tmp_path / "run"), *ARGS, "--iterations", "1", "--eval-every", "0"]
