@@ -12,10 +12,9 @@ import evaluate
 import train
 from influence import episode_gradients, influence_scores, onepass_scores, validation_gradient
 from model import LoRALinear, load_policy, lora_parameters, pick_device_and_dtype
-from rollout import _score_tokens, encode_pairs, generate_rollouts
+from rollout import encode_pairs
+from test_influence import TEMPERATURE, make_buffer
 from test_train import SMALL, metrics, one_thread  # noqa: F401  (one_thread: the module's autouse fixture)
-
-TEMPERATURE = 0.8
 
 
 def test_dtype_flag_picks_the_base_weights_dtype_only(tiny_dir):
@@ -34,22 +33,10 @@ def test_dtype_flag_picks_the_base_weights_dtype_only(tiny_dir):
 
 
 def scores_for(tiny_dir, dtype, rollouts=None):
-    """Loop and one-pass scores of 6 episodes (non-zero LoRA B, different lengths) in `dtype`."""
-    policy, tok = load_policy(tiny_dir, dtype=dtype, lora_targets=("q_proj", "v_proj", "down_proj"), quiet=True)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in lora_parameters(policy):
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    if rollouts is None:
-        rollouts = generate_rollouts(policy, tok, ["Question: 12+30?\nAnswer:", "Q: 7?", "What is 1 more than 99?"],
-                                     n_samples=2, max_new_tokens=9, temperature=TEMPERATURE, seed=1, progress=False)
-        for i, length in enumerate([9, 4, 1, 7, 9, 2]):
-            rollouts.response_mask[i, length:] = 0
-            rollouts.response_ids[i, length:] = tok.pad_token_id
-    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = _score_tokens(policy, rollouts, TEMPERATURE, 4)
+    """Loop and one-pass scores of test_influence's 6-episode buffer in `dtype`."""
+    policy, tok, rollouts, advantages = make_buffer(tiny_dir, dtype, rollouts)
     for t in (rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs):
         assert t.dtype == torch.float32 and torch.isfinite(t).all()
-    advantages = torch.randn(rollouts.response_mask.shape, generator=g) * rollouts.response_mask
     val = encode_pairs(tok, ["Q: 2+2?", "Q: 10-3?"], ["#### 4", "10 - 3 = 7\n#### 7"])
     g_val = validation_gradient(policy, val)
     loop = influence_scores(episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE), g_val)

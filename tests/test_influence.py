@@ -11,23 +11,29 @@ from rollout import _score_tokens, encode_pairs, generate_rollouts, token_logpro
 TEMPERATURE = 0.8
 
 
-@pytest.fixture
-def buffer(tiny_dir):
-    """A tiny policy with non-zero LoRA B, and 6 episodes with left-padded prompts of
-    different lengths and responses of different lengths."""
-    policy, tok = load_policy(tiny_dir, lora_targets=("q_proj", "v_proj", "down_proj"), quiet=True)
+def make_buffer(tiny_dir, dtype: str = "auto", rollouts=None):
+    """A tiny policy (base weights in `dtype`) with non-zero LoRA B, and 6 episodes with
+    left-padded prompts of different lengths and responses of different lengths (sampled, or
+    `rollouts` rescored by this policy). Returns (policy, tokenizer, rollouts, advantages)."""
+    policy, tok = load_policy(tiny_dir, dtype=dtype, lora_targets=("q_proj", "v_proj", "down_proj"), quiet=True)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in lora_parameters(policy):
             p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    rollouts = generate_rollouts(policy, tok, ["Question: 12+30?\nAnswer:", "Q: 7?", "What is 1 more than 99?"],
-                                 n_samples=2, max_new_tokens=9, temperature=TEMPERATURE, seed=1, progress=False)
-    for i, length in enumerate([9, 4, 1, 7, 9, 2]):
-        rollouts.response_mask[i, length:] = 0
-        rollouts.response_ids[i, length:] = tok.pad_token_id
+    if rollouts is None:
+        rollouts = generate_rollouts(policy, tok, ["Question: 12+30?\nAnswer:", "Q: 7?", "What is 1 more than 99?"],
+                                     n_samples=2, max_new_tokens=9, temperature=TEMPERATURE, seed=1, progress=False)
+        for i, length in enumerate([9, 4, 1, 7, 9, 2]):
+            rollouts.response_mask[i, length:] = 0
+            rollouts.response_ids[i, length:] = tok.pad_token_id
     rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = _score_tokens(policy, rollouts, TEMPERATURE, 4)
     advantages = torch.randn(rollouts.response_mask.shape, generator=g) * rollouts.response_mask
     return policy, tok, rollouts, advantages
+
+
+@pytest.fixture
+def buffer(tiny_dir):
+    return make_buffer(tiny_dir)
 
 
 def test_episode_gradients_sum_to_gradient_of_summed_loss(buffer):
