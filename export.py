@@ -95,8 +95,8 @@ def main(argv=None) -> Path:
     base = str(model_source(model))        # the hub id, or the local directory of an offline model
     tensors = load_file(checkpoint / ADAPTER_FILE)
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()):
-        raise SystemExit(f"--out {out}: exists and is not empty; choose a new directory")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise SystemExit(f"--out {out}: exists and is not an empty directory; choose a new one")
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")   # written whole, then renamed
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -75,8 +75,10 @@ def test_export_refuses_a_used_directory_and_a_damaged_checkpoint(trained, tmp_p
     used = tmp_path / "used"
     used.mkdir()
     (used / "something").write_text("x")
-    with pytest.raises(SystemExit, match="not empty"):
+    with pytest.raises(SystemExit, match="not an empty directory"):
         export.main([str(trained), "--out", str(used)])
+    with pytest.raises(SystemExit, match="not an empty directory"):
+        export.main([str(trained), "--out", str(used / "something")])
     checkpoint = trained / "checkpoints" / "iter_000002"
     good = (checkpoint / "adapter.safetensors").read_bytes()
     try:
