@@ -29,7 +29,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from tiny_learns import mean_interval, read_run, run_all  # noqa: E402
 
-ITERATIONS = 20      # fixed before the runs: about 35 minutes of training for one PPO run alone (pilot timing)
+ITERATIONS = 20      # fixed before the runs: about 35 training minutes for one PPO run alone (our estimate from the pilots)
 BUDGET_MIN = 45      # the question's budget: the table also gives em at the last evaluation within it
 EVAL_LIMIT = 300
 SFT = ["--model", "gemma-3-270m", "--dataset", "arith", "--algo", "sft", "--iterations", "60", "--sft-batch-size", "8",
