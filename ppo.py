@@ -146,9 +146,11 @@ def approx_kl(logprobs, old_logprobs, mask) -> torch.Tensor:
 def explained_variance(values, returns, mask, reduce_sum=None) -> float:
     """1 - Var(R - V) / Var(R) over all masked tokens of all episodes (biased variances): 1 when
     the value head predicts the returns, 0 when it does no better than their mean, negative when
-    worse. nan when the returns do not vary. `reduce_sum` as in whiten."""
-    _, var_returns = batch_mean_var(returns, mask, reduce_sum)
-    if float(var_returns) == 0.0:
+    worse. nan when the returns do not vary (beyond float rounding: R = A + V is computed, so
+    equal returns can differ in the last bits, and 1 - Var(R - V) / 1e-15 means nothing).
+    `reduce_sum` as in whiten."""
+    mean_returns, var_returns = batch_mean_var(returns, mask, reduce_sum)
+    if float(var_returns) <= 1e-10 * (1.0 + float(mean_returns) ** 2):
         return float("nan")
     _, var_error = batch_mean_var(returns - values, mask, reduce_sum)
     return float(1.0 - var_error / var_returns)

@@ -72,21 +72,23 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
     examples = [train_examples[i] for i in batch_indices(len(train_examples), it, cfg.prompts_per_iter, cfg.seed)]
     examples = examples[slice(*dist.share(len(examples)))]  # this rank's prompts (all of them in one process)
 
-    # --passes shared: no separate pass for pi_old and V_old where another forward at theta_old
-    # gives them exactly: with influence on (one-pass), the scoring's forward (its graph kept
-    # until the scores); for GRPO without influence or KL, when one minibatch holds every
-    # episode, the update's own first forward (ppo_update fills them in).
-    shared = cfg.passes == "shared" and cfg.influence == "on" and cfg.influence_method == "onepass"
-    from_update = (cfg.passes == "shared" and cfg.influence == "off" and cfg.advantage == "grpo" and cfg.kl_beta == 0
-                   and cfg.minibatch_size >= cfg.prompts_per_iter * cfg.samples_per_prompt)
+    # --passes shared: no pass whose only product is pi_old and V_old where a forward at theta_old
+    # that runs anyway gives them exactly. That forward keeps its graph, the rewards and advantages
+    # come from its detached outputs, then its backward runs: with influence on (one-pass) it is the
+    # scoring's forward and its backward gives the scores; with influence off, when one minibatch
+    # holds every episode (--minibatch-size >= prompts x samples), it is the update's first forward
+    # and its backward is the first optimizer step's (at theta_old, where the ratio is 1).
+    one_minibatch = cfg.minibatch_size >= cfg.prompts_per_iter * cfg.samples_per_prompt
+    scoring = cfg.passes == "shared" and cfg.influence == "on" and cfg.influence_method == "onepass"
+    updating = cfg.passes == "shared" and cfg.influence == "off" and one_minibatch
     with timer("rollout"):
         rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                      temperature=cfg.temperature, seed=derived_seed(cfg.seed, it, SAMPLING, dist.rank),
                                      batch_size=cfg.gen_batch_size, progress=cfg.progress,
-                                     old=not (shared or from_update),
+                                     old=not (scoring or updating),
                                      reference=cfg.kl_beta > 0)   # at beta 0 nothing uses pi_ref: no pass
-        forwards = scoring_forwards(cfg, policy, rollouts) if shared else None
+        forwards = theta_old_forwards(it, cfg, policy, rollouts, scoring, dist) if scoring or updating else None
         golds = [examples[j].gold for j in rollouts.prompt_index]
         require_finite(it, "rollout", old_logprobs=rollouts.old_logprobs, values=rollouts.values,
                        ref_logprobs=rollouts.ref_logprobs)
@@ -103,12 +105,14 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         advantages, returns, kl, critic = compute_advantages(cfg, rollouts, scores, dist)  # (N, T) each
 
     with timer("influence"):
-        keep, weights, influence = select_episodes(it, cfg, policy, rollouts, advantages, val_seqs, dist, forwards)
+        keep, weights, influence = select_episodes(it, cfg, policy, rollouts, advantages, val_seqs, dist,
+                                                    forwards if scoring else None)
         n_kept = int(dist.sum(keep.sum()))                                               # |D'| over all ranks
 
     with timer("update"):
         if n_kept > 0:
-            update = ppo_update(it, cfg, policy, optimizer, rollouts, advantages, returns, keep, weights, dist)
+            update = ppo_update(it, cfg, policy, optimizer, rollouts, advantages, returns, keep, weights, dist,
+                                first_forwards=forwards if updating else None)
         else:
             update = {"skipped": True}
 
@@ -144,17 +148,41 @@ def compute_advantages(cfg: Config, rollouts, scores: torch.Tensor, dist: Dist =
     return advantages, returns, kl, critic
 
 
-def scoring_forwards(cfg: Config, policy, rollouts) -> list:
-    """--passes shared: the forward half of the one-pass scores over all episodes, --micro-batch-size
-    at a time, graphs kept; sets rollouts.old_logprobs and rollouts.values from them (the same
-    forward at theta_old that the separate pass would run without a graph)."""
+@dataclasses.dataclass
+class UpdateForward:
+    """The update's first forward over some episodes, run ahead of the advantages (graphs kept)."""
+    index: torch.Tensor      # (n,) which episodes of the batch
+    logprobs: torch.Tensor   # (n, T) log pi_theta at theta_old
+    values: torch.Tensor     # (n, T) V_theta at theta_old
+    entropy: torch.Tensor    # (n, T)
+
+
+def theta_old_forwards(it: int, cfg: Config, policy, rollouts, scoring: bool, dist: Dist = SINGLE) -> list:
+    """--passes shared: the forward at theta_old over all episodes, --micro-batch-size at a time,
+    graphs kept: the influence scoring's (influence.scoring_forward, which records each LoRA
+    layer's input) if `scoring`, else the update's first (an UpdateForward per micro-batch, in the
+    order of the first minibatch, so that the first step sums its micro-batches exactly as
+    ppo_update would). Sets rollouts.old_logprobs and rollouts.values from their detached
+    outputs: the numbers the separate no-grad pass would give."""
+    order = torch.arange(len(rollouts))
+    if not scoring:   # every episode is kept (no influence): the first minibatch holds them all
+        steps, first = minibatch_plan(it, cfg, torch.ones(len(rollouts), dtype=torch.bool), dist)
+        minibatch = steps[0][1]
+        order = minibatch[(minibatch >= first) & (minibatch < first + len(rollouts))] - first
     forwards = []
-    for index in chunks(torch.arange(len(rollouts)), cfg.micro_batch_size):
-        forward = scoring_forward(policy, rollouts.select(index), cfg.temperature)
-        forward.index = index
+    for index in chunks(order, cfg.micro_batch_size):
+        part = rollouts.select(index)
+        if scoring:
+            forward = scoring_forward(policy, part, cfg.temperature)
+            forward.index = index
+        else:
+            forward = UpdateForward(index, *token_logprobs(policy, part, cfg.temperature, with_entropy=True))
         forwards.append(forward)
-    rollouts.old_logprobs = torch.cat([f.logprobs.detach() for f in forwards])          # (N, T)
-    rollouts.values = torch.cat([f.values for f in forwards])                           # (N, T)
+    index = torch.cat([f.index for f in forwards]).to(rollouts.response_mask.device)
+    rollouts.old_logprobs = torch.zeros_like(rollouts.response_mask).index_copy(
+        0, index, torch.cat([f.logprobs.detach() for f in forwards]))                   # (N, T)
+    rollouts.values = torch.zeros_like(rollouts.response_mask).index_copy(
+        0, index, torch.cat([f.values.detach() for f in forwards]))                     # (N, T)
     return forwards
 
 
@@ -199,7 +227,7 @@ def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs, dis
 
 
 def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns, keep, weights,
-               dist: Dist = SINGLE) -> dict:
+               dist: Dist = SINGLE, first_forwards: list | None = None) -> dict:
     """PPO epochs over the kept episodes D'. Per optimizer step on a minibatch M of D':
         loss = (1/|M|) sum_{i in M} [ w_i L_clip_i + c_v L_V_i - c_e H_i ]
     (per-episode losses are token means; the value loss is unweighted, our choice). Each epoch
@@ -207,43 +235,33 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
     (our choice), so with --minibatch-size >= |D'| this is exactly the objective of the
     algorithm box. Under torchrun D' spans the ranks: every rank draws the same shuffle of all
     kept episodes, works on its own episodes of each minibatch, and the gradients are summed
-    over ranks before the step, so K ranks take the steps one process would."""
+    over ranks before the step, so K ranks take the steps one process would.
+    `first_forwards` (train.theta_old_forwards, --passes shared): the first step's forward over
+    every episode, already run at theta_old; only its backward is left."""
     device = advantages.device
-    # D' as indices into all ranks' episodes (rank order); the shuffle and the split into
-    # minibatches are the same in every rank and for any number of ranks.
-    kept_all = dist.cat(keep.float()).nonzero().squeeze(-1).cpu()
-    first = dist.offset(len(keep))                    # this rank's episodes are [first, first + N)
-    n_minibatches = math.ceil(len(kept_all) / cfg.minibatch_size)
-    generator = torch.Generator().manual_seed(derived_seed(cfg.seed, it, MINIBATCHES))
+    steps, first = minibatch_plan(it, cfg, keep, dist)
+    n_minibatches = len(steps) // cfg.ppo_epochs
     params = [p for p in policy.parameters() if p.requires_grad]
     sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0,
             "visits": 0.0}
     # pi_theta / pi_old over the tokens of the first minibatch, before any step: 1 up to rounding
     # (anything else means the old log-probs are not those of the policy being updated).
     ratio_sum, ratio_count, ratio_max = 0.0, 0.0, 0.0
-    steps = [(e, mb) for e in range(cfg.ppo_epochs)
-             for mb in kept_all[torch.randperm(len(kept_all), generator=generator)].tensor_split(n_minibatches)]
-    # --passes shared, GRPO: no pass before the update computed pi_old and V_old. The first step's
-    # one minibatch holds every episode at theta_old, so its forward gives them exactly (the
-    # ratio is 1 there by construction); later epochs use what it recorded.
-    fill_old = rollouts.old_logprobs is None
-    if fill_old:
-        if n_minibatches != 1 or len(kept_all) != cfg.prompts_per_iter * cfg.samples_per_prompt:
-            raise RuntimeError("pi_old is taken from the update's first forward only when one minibatch holds "
-                               "every episode")
-        rollouts.old_logprobs, rollouts.values = torch.zeros_like(advantages), torch.zeros_like(advantages)
+    if first_forwards is not None and (n_minibatches != 1 or not bool(keep.all())):
+        raise RuntimeError("the update's first forward is run ahead only when one minibatch holds every episode")
     for step, (epoch, global_minibatch) in enumerate(tqdm(steps, desc="updating", unit="step",
                                                           disable=not cfg.progress, leave=False)):
         optimizer.zero_grad(set_to_none=True)
         size = len(global_minibatch)                                                     # |M|, all ranks
         mine = global_minibatch[(global_minibatch >= first) & (global_minibatch < first + len(keep))]
         minibatch = mine - first                                                         # this rank's part
-        for micro in chunks(minibatch, cfg.micro_batch_size):
+        if step == 0 and first_forwards is not None:   # every episode, forward already run at theta_old
+            forwards = ((f.index, f.logprobs, f.values, f.entropy) for f in first_forwards)
+        else:                                          # (n, T) each, one micro-batch at a time
+            forwards = ((micro, *token_logprobs(policy, rollouts.select(micro), cfg.temperature, with_entropy=True))
+                        for micro in chunks(minibatch, cfg.micro_batch_size))
+        for micro, logprobs, values, entropy in forwards:
             part = rollouts.select(micro)
-            logprobs, values, entropy = token_logprobs(policy, part, cfg.temperature, with_entropy=True)  # (n, T)
-            if fill_old and step == 0:
-                part.old_logprobs, part.values = logprobs.detach(), values.detach()
-                rollouts.old_logprobs[micro], rollouts.values[micro] = part.old_logprobs, part.values
             pg = policy_loss(logprobs, part.old_logprobs, advantages[micro], part.response_mask, cfg.clip_eps)  # (n,)
             vf = value_loss(values, part.values, returns[micro], part.response_mask, cfg.value_clip_eps)       # (n,)
             ent = masked_mean(entropy, part.response_mask)                                    # (n,)
@@ -272,6 +290,20 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
     return {k: v / visits for k, v in total.items()} | {
         "optimizer_steps": len(steps), "ratio_first_mean": ratio_sum / max(ratio_count, 1.0),
         "ratio_first_max": ratio_max}
+
+
+def minibatch_plan(it: int, cfg: Config, keep: torch.Tensor, dist: Dist = SINGLE):
+    """The update's optimizer steps: [(epoch, minibatch)], each minibatch a tensor of indices into
+    all ranks' episodes (rank order), and where this rank's episodes start among them. Each
+    epoch shuffles D' (the kept episodes) and splits it into ceil(|D'| / --minibatch-size)
+    minibatches; the draw is the same in every rank and for any number of ranks."""
+    kept_all = dist.cat(keep.float()).nonzero().squeeze(-1).cpu()
+    first = dist.offset(len(keep))                    # this rank's episodes are [first, first + N)
+    n_minibatches = math.ceil(len(kept_all) / cfg.minibatch_size)
+    generator = torch.Generator().manual_seed(derived_seed(cfg.seed, it, MINIBATCHES))
+    steps = [(e, mb) for e in range(cfg.ppo_epochs)
+             for mb in kept_all[torch.randperm(len(kept_all), generator=generator)].tensor_split(n_minibatches)]
+    return steps, first
 
 
 def clip_and_step(it: int, cfg: Config, policy, optimizer) -> None:

@@ -3,13 +3,17 @@
     pip install trl==1.16.0                     # benchmark only; not in requirements.txt
     HF_HUB_OFFLINE=1 python bench/vs_trl.py                         # tiny-arith, then Gemma-3-270M
     HF_HUB_OFFLINE=1 python bench/vs_trl.py --models tiny-arith --runs 1 --steps 3   # a quick check
+    HF_HUB_OFFLINE=1 python bench/vs_trl.py --models gemma-3-270m --prompts 4 --samples 4 --new-tokens 24
+                                                 # the 270M at a size 2 cores run in minutes a step
 
 The same work on both sides: one model (tiny-arith, the tiny world's 1M-parameter Gemma-3, or
-the offline Gemma-3-270M), arith prompts in our prompt format, 8 prompts x 8 samples = 64
-episodes a step, at most 40 new tokens at temperature 1, LoRA r = 8 (alpha 16) on q, k, v, o,
-KL beta 0, one epoch of one minibatch of 64 (one optimizer step per batch of episodes),
-constant learning rate 1e-3, fp32, eager attention, no gradient checkpointing, one forward and
-backward for the whole minibatch (our --micro-batch-size 64, TRL's per-device batch 64).
+the offline Gemma-3-270M), arith prompts in our prompt format, --prompts x --samples episodes
+a step (8 x 8 = 64 by default), at most --new-tokens new tokens (40) at temperature 1, LoRA r = 8
+(alpha 16) on q, k, v, o, KL beta 0, one epoch of one minibatch of every episode (one optimizer
+step per batch of episodes), constant learning rate 1e-3, fp32, eager attention, no gradient
+checkpointing, one forward and backward for the whole minibatch (our --micro-batch-size, TRL's
+per-device batch: all episodes). I-PPO also computes g_val on train.py's default 32 validation
+reference solutions, in one forward and backward (--val-batch-size 32).
 TRL: GRPOTrainer with PEFT's LoRA, timed from on_step_begin to on_step_end (generation,
 scoring and the update); ours: train.py, the sum of the per-phase seconds of each iteration
 in metrics.jsonl (rollout, reward, advantages, influence, update; the checkpoint written after
@@ -28,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,25 +43,34 @@ import reward  # noqa: E402
 import train  # noqa: E402
 from model import model_source  # noqa: E402
 
-PROMPTS, SAMPLES, NEW_TOKENS, LR = 8, 8, 40, 1e-3
+LR = 1e-3
 OURS = {"GRPO": ["--advantage", "grpo", "--influence", "off"],
         "PPO": ["--influence", "off"],
-        "I-PPO": ["--influence", "on"]}
+        "I-PPO": ["--influence", "on", "--val-batch-size", "32"]}
 
 
-def run_ours(model: str, flags: list[str], steps: int, out: Path) -> list[dict]:
+@dataclass
+class Work:
+    """The size of a step, the same on both sides."""
+    prompts: int = 8
+    samples: int = 8
+    new_tokens: int = 40
+
+
+def run_ours(model: str, flags: list[str], steps: int, out: Path, work: Work) -> list[dict]:
     """train.py with the shared settings; per step: seconds (sum of phases) and generated tokens."""
+    episodes = str(work.prompts * work.samples)
     run_dir = train.main(["--model", model, "--dataset", "arith", "--iterations", str(steps),
-                          "--prompts-per-iter", str(PROMPTS), "--samples-per-prompt", str(SAMPLES),
-                          "--max-new-tokens", str(NEW_TOKENS), "--temperature", "1.0", "--lr", str(LR), "--kl-beta", "0",
-                          "--ppo-epochs", "1", "--minibatch-size", str(PROMPTS * SAMPLES),
-                          "--micro-batch-size", str(PROMPTS * SAMPLES), "--gen-batch-size", str(PROMPTS * SAMPLES),
+                          "--prompts-per-iter", str(work.prompts), "--samples-per-prompt", str(work.samples),
+                          "--max-new-tokens", str(work.new_tokens), "--temperature", "1.0", "--lr", str(LR),
+                          "--kl-beta", "0", "--ppo-epochs", "1", "--minibatch-size", episodes,
+                          "--micro-batch-size", episodes, "--gen-batch-size", episodes,
                           "--eval-every", "0", "--no-progress", "--no-plots", "--run-dir", str(out), *flags])
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [{"seconds": sum(r["seconds"].values()), "tokens": r["response_tokens"] * r["episodes"]} for r in rows]
 
 
-def run_trl(model: str, steps: int, out: Path) -> list[dict]:
+def run_trl(model: str, steps: int, out: Path, work: Work) -> list[dict]:
     """TRL's GRPOTrainer on the same prompts, reward, batch and settings."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -65,7 +79,7 @@ def run_trl(model: str, steps: int, out: Path) -> list[dict]:
 
     source = str(model_source(model))
     task = data.load_task("arith", "train", "local")
-    examples = task.examples[:PROMPTS * (steps + 1)]
+    examples = task.examples[:work.prompts * (steps + 1)]
     dataset = Dataset.from_list([{"prompt": data.make_prompt(e.question, "arith"), "gold": e.gold} for e in examples])
 
     def correct(completions, gold, **_):
@@ -83,12 +97,13 @@ def run_trl(model: str, steps: int, out: Path) -> list[dict]:
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs and self.steps:
-                self.steps[-1]["tokens"] = float(logs["completions/mean_length"]) * PROMPTS * SAMPLES
+                self.steps[-1]["tokens"] = float(logs["completions/mean_length"]) * work.prompts * work.samples
 
     tokenizer = AutoTokenizer.from_pretrained(source)
     lm = AutoModelForCausalLM.from_pretrained(source, dtype="float32", attn_implementation="eager")
-    config = GRPOConfig(output_dir=str(out), per_device_train_batch_size=PROMPTS * SAMPLES, num_generations=SAMPLES,
-                        max_completion_length=NEW_TOKENS, temperature=1.0, top_k=0, top_p=1.0, beta=0.0,
+    config = GRPOConfig(output_dir=str(out), per_device_train_batch_size=work.prompts * work.samples,
+                        num_generations=work.samples,
+                        max_completion_length=work.new_tokens, temperature=1.0, top_k=0, top_p=1.0, beta=0.0,
                         num_iterations=1, gradient_accumulation_steps=1, learning_rate=LR, lr_scheduler_type="constant",
                         warmup_steps=0, max_steps=steps, bf16=False, fp16=False, gradient_checkpointing=False,
                         use_cpu=True, logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, seed=0)
@@ -112,11 +127,15 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--models", default="tiny-arith,gemma-3-270m")
     parser.add_argument("--steps", type=int, default=12, help="steps per run (the median is over steps 2..steps)")
     parser.add_argument("--runs", type=int, default=3, help="runs per configuration on tiny-arith (one on Gemma-3-270M)")
+    parser.add_argument("--prompts", type=int, default=Work.prompts, help="prompts per step")
+    parser.add_argument("--samples", type=int, default=Work.samples, help="samples per prompt")
+    parser.add_argument("--new-tokens", type=int, default=Work.new_tokens, help="most new tokens per sample")
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
+    work = Work(args.prompts, args.samples, args.new_tokens)
     import torch
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; {PROMPTS} x {SAMPLES} episodes, "
-          f"{NEW_TOKENS} new tokens, LoRA r=8 on q,k,v,o, beta 0, one minibatch, fp32", flush=True)
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; {work.prompts} x {work.samples} episodes, "
+          f"{work.new_tokens} new tokens, LoRA r=8 on q,k,v,o, beta 0, one minibatch, fp32", flush=True)
     rows = []
     for model in args.models.split(","):
         runs = args.runs if model == "tiny-arith" else 1
@@ -125,18 +144,21 @@ def main(argv=None) -> list[dict]:
             per_run = []
             for r in range(runs):
                 with tempfile.TemporaryDirectory() as tmp:
-                    steps = (run_trl(model, args.steps, Path(tmp)) if name.startswith("TRL")
-                             else run_ours(model, OURS[name], args.steps, Path(tmp) / "run"))
+                    steps = (run_trl(model, args.steps, Path(tmp), work) if name.startswith("TRL")
+                             else run_ours(model, OURS[name], args.steps, Path(tmp) / "run", work))
                 per_run.append(median_step(steps))
                 print(f"[{model}] {name} run {r + 1}: {per_run[-1]['seconds']:.3f} s per step", flush=True)
             results[name] = {k: statistics.median(p[k] for p in per_run) for k in per_run[0]}
         trl = results["TRL GRPOTrainer"]["seconds"]
         for name, res in results.items():
             rows.append({"model": model, "trainer": name, **res, "vs_trl": res["seconds"] / trl, "runs": runs,
-                         "steps": args.steps})
-    print("\n| model | trainer | s per step | ms per 1000 generated tokens | / TRL |\n|---|---|---|---|---|")
+                         "steps": args.steps, **asdict(work)})
+    print("\n| model | trainer | s per step | ms per 1000 generated tokens | / TRL | / our PPO |\n"
+          "|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['trainer']} | {r['seconds']:.3f} | {r['ms_per_1k_tokens']:.0f} | {r['vs_trl']:.2f} |")
+        ppo = next(p["seconds"] for p in rows if p["model"] == r["model"] and p["trainer"] == "PPO")
+        print(f"| {r['model']} | {r['trainer']} | {r['seconds']:.3f} | {r['ms_per_1k_tokens']:.0f} | "
+              f"{r['vs_trl']:.2f} | {r['seconds'] / ppo:.2f} |")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))
     return rows

@@ -255,17 +255,17 @@ def with_nan(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def nan_old_logprobs(scoring_forwards):
-    """train.scoring_forwards (--passes shared: where pi_old comes from) leaving a NaN in them."""
-    def wrapped(cfg, policy, rollouts):
-        forwards = scoring_forwards(cfg, policy, rollouts)
+def nan_old_logprobs(theta_old_forwards):
+    """train.theta_old_forwards (--passes shared: where pi_old comes from) leaving a NaN in them."""
+    def wrapped(it, cfg, policy, rollouts, scoring, dist):
+        forwards = theta_old_forwards(it, cfg, policy, rollouts, scoring, dist)
         rollouts.old_logprobs = with_nan(rollouts.old_logprobs)
         return forwards
     return wrapped
 
 
 @pytest.mark.parametrize("name, corrupt, phase, tensor", [
-    ("scoring_forwards", nan_old_logprobs, "rollout", "old_logprobs"),
+    ("theta_old_forwards", nan_old_logprobs, "rollout", "old_logprobs"),
     ("reward_fn", lambda r: float("inf"), "reward", "scores"),
     ("validation_gradient", with_nan, "influence", "g_val"),
     ("scoring_backward", with_nan, "influence", "scores"),

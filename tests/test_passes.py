@@ -1,6 +1,8 @@
 """No pass whose result is unused: skipping one changes nothing but the time."""
 import json
 
+import pytest
+
 import rollout
 import train
 from test_train import SMALL, comparable, metrics, one_thread  # noqa: F401  (one_thread: autouse fixture)
@@ -67,8 +69,9 @@ def test_shared_and_separate_passes_give_the_same_run(tiny_dir, tmp_path):
 
 
 def test_the_scoring_forward_gives_the_old_pass_numbers(tiny_dir):
-    """On one buffer: log pi_old and V_old of the scoring forwards equal the no-grad pass's, and
-    the scores from their backwards equal onepass_scores', to 1e-6."""
+    """On one buffer: log pi_old and V_old of the forwards at theta_old (the update's, the
+    scoring's) equal the no-grad pass's, and the scores from the scoring's backwards equal
+    onepass_scores', to 1e-6."""
     import torch
     from influence import onepass_scores, scoring_backward, validation_gradient
     from model import load_policy, lora_parameters
@@ -83,9 +86,10 @@ def test_the_scoring_forward_gives_the_old_pass_numbers(tiny_dir):
                             n_samples=3, max_new_tokens=9, temperature=0.8, seed=1, progress=False, batch_size=4)
     cfg = train.Config(micro_batch_size=4, temperature=0.8)
     old, values = buf.old_logprobs.clone(), buf.values.clone()
-    forwards = train.scoring_forwards(cfg, policy, buf)
-    torch.testing.assert_close(buf.old_logprobs, old, rtol=0, atol=1e-6)
-    torch.testing.assert_close(buf.values, values, rtol=0, atol=1e-6)
+    for scoring in (False, True):       # the update's first forward, then the scoring's
+        forwards = train.theta_old_forwards(1, cfg, policy, buf, scoring=scoring)
+        torch.testing.assert_close(buf.old_logprobs, old, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(buf.values, values, rtol=1e-6, atol=1e-6)
     advantages = torch.randn(buf.response_mask.shape, generator=g) * buf.response_mask
     g_val = validation_gradient(policy, encode_pairs(tok, ["Q: 2+2?"], ["#### 4"]))
     shared = scoring_backward(policy, forwards, buf.old_logprobs, advantages, g_val, clip_eps=0.2)
@@ -93,24 +97,35 @@ def test_the_scoring_forward_gives_the_old_pass_numbers(tiny_dir):
     assert ((shared - separate).abs().max() / separate.abs().max()).item() <= 1e-6
 
 
-def test_grpo_takes_pi_old_from_the_update_and_equals_the_separate_pass(tiny_dir, tmp_path, monkeypatch):
-    """GRPO, no influence, --kl-beta 0, one minibatch of every episode: no pass before the
-    update (rollout computes nothing), and the run equals the one with the separate pass."""
+@pytest.mark.parametrize("advantage, kl_beta", [("grpo", "0"), ("gae", "0"), ("gae", "0.05")])
+def test_without_influence_pi_old_comes_from_the_update_and_equals_the_separate_pass(tiny_dir, tmp_path, monkeypatch,
+                                                                                  advantage, kl_beta):
+    """No influence, one minibatch of every episode: no old-log-prob pass in the rollout (the
+    update's first forward, run ahead of the advantages, gives pi_old and V_old; the reference
+    pass only at beta > 0), and the run equals the one with the separate pass, 2 epochs."""
     from safetensors.torch import load_file
     calls = []
     real = rollout._score_tokens
-    monkeypatch.setattr(rollout, "_score_tokens", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def counting(policy, seqs, temperature, batch_size, reference=True, old=True):
+        calls.append((reference, old))
+        return real(policy, seqs, temperature, batch_size, reference, old)
+
+    monkeypatch.setattr(rollout, "_score_tokens", counting)
     runs = {}
     for passes in ("separate", "shared"):
+        calls.clear()
         runs[passes] = train.main(["--model", tiny_dir, *SMALL, "--iterations", "2", "--eval-every", "0", "--lr", "1e-2",
-                                   "--advantage", "grpo", "--influence", "off", "--kl-beta", "0", "--minibatch-size", "6",
-                                   "--passes", passes, "--run-dir", str(tmp_path / passes)])
-        if passes == "separate":
-            assert len(calls) == 2
-    assert len(calls) == 2                       # the shared run made no pass before its updates
+                                   "--advantage", advantage, "--influence", "off", "--kl-beta", kl_beta,
+                                   "--minibatch-size", "6", "--ppo-epochs", "2", "--passes", passes,
+                                   "--run-dir", str(tmp_path / passes)])
+        with_ref = kl_beta != "0"
+        assert calls == ([(with_ref, True)] * 2 if passes == "separate" else [(True, False)] * 2 if with_ref else [])
     a, b = metrics(runs["separate"]), metrics(runs["shared"])
-    assert any(m["policy_loss"] != 0 for m in a)
+    assert any(m["policy_loss"] != 0 for m in a) and all(m["optimizer_steps"] == 2 for m in a)
     assert all(m["ratio_first_max"] == 1.0 for m in b)     # pi_old is the first forward itself
+    if advantage == "gae":
+        assert any(m["value_loss"] != 0 for m in a)      # the critic trains, from V_old of the shared forward
     for x, y in zip(a, b):
         assert close(comparable(x), comparable(y)), (comparable(x), comparable(y))
     ta = load_file(runs["separate"] / "checkpoints" / "iter_000002" / "adapter.safetensors")

@@ -150,6 +150,9 @@ def test_explained_variance_against_numbers():
     assert explained_variance(values, returns, mask) == pytest.approx(expected)
     assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
     assert math.isnan(explained_variance(values, torch.ones(2, 3), mask))
+    # Equal returns that differ only by float rounding (R = A + V is computed) do not vary either.
+    rounded = -torch.ones(2, 3) + torch.tensor([[0.0, 6e-8, -6e-8], [1.2e-7, 0.0, 0.0]])
+    assert math.isnan(explained_variance(values, rounded, mask))
 
 
 def test_group_advantages_hand_worked():
