@@ -21,7 +21,8 @@ each iteration is not counted, as TRL here saves nothing). Reported: the median 
 --steps of each run, the median over --runs runs, seconds per 1000 generated tokens, and each
 of ours divided by TRL's.
 
-It runs each configuration alone, one after the other: run it on a quiet machine.
+It runs each configuration alone, one after the other, each run in a fresh Python process (the
+first run in a process was measured slower than later ones): run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -122,41 +124,62 @@ def median_step(steps: list[dict]) -> dict:
             "ms_per_1k_tokens": statistics.median(1e6 * s["seconds"] / max(s.get("tokens", 0), 1) for s in later)}
 
 
+def fresh_process_run(model: str, name: str, args) -> dict:
+    """One run of one configuration in a new Python process (`--single`), so that no run inherits
+    the heap of another (measured on the 270M, all in one process: TRL took 21.2 s a step as the
+    first configuration and 16.0 s as the last; our PPO 12.6 s as the third, 16.4 s as the first)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "median.json"
+        subprocess.run([sys.executable, __file__, "--single", model, name, "--steps", str(args.steps),
+                        "--prompts", str(args.prompts), "--samples", str(args.samples),
+                        "--new-tokens", str(args.new_tokens), "--out", str(out)], check=True)
+        return json.loads(out.read_text())
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="tiny-arith,gemma-3-270m")
     parser.add_argument("--steps", type=int, default=12, help="steps per run (the median is over steps 2..steps)")
-    parser.add_argument("--runs", type=int, default=3, help="runs per configuration on tiny-arith (one on Gemma-3-270M)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per configuration on tiny-arith")
+    parser.add_argument("--runs-270m", type=int, default=1, help="runs per configuration on Gemma-3-270M")
     parser.add_argument("--prompts", type=int, default=Work.prompts, help="prompts per step")
     parser.add_argument("--samples", type=int, default=Work.samples, help="samples per prompt")
     parser.add_argument("--new-tokens", type=int, default=Work.new_tokens, help="most new tokens per sample")
+    parser.add_argument("--trainers", default="TRL GRPOTrainer,GRPO,PPO,I-PPO",
+                        help="which to run, in this order (comma-separated); a ratio to one not run is nan")
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
+    parser.add_argument("--single", nargs=2, metavar=("MODEL", "TRAINER"),
+                        help="(internal) one run of one configuration in this process; --out gets its medians")
     args = parser.parse_args(argv)
     work = Work(args.prompts, args.samples, args.new_tokens)
+    if args.single:
+        model, name = args.single
+        with tempfile.TemporaryDirectory() as tmp:
+            steps = (run_trl(model, args.steps, Path(tmp), work) if name.startswith("TRL")
+                     else run_ours(model, OURS[name], args.steps, Path(tmp) / "run", work))
+        Path(args.out).write_text(json.dumps(median_step(steps)))
+        return []
     import torch
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; {work.prompts} x {work.samples} episodes, "
           f"{work.new_tokens} new tokens, LoRA r=8 on q,k,v,o, beta 0, one minibatch, fp32", flush=True)
     rows = []
     for model in args.models.split(","):
-        runs = args.runs if model == "tiny-arith" else 1
+        runs = args.runs if model == "tiny-arith" else args.runs_270m
         results = {}
-        for name in ["TRL GRPOTrainer", *OURS]:
+        for name in args.trainers.split(","):
             per_run = []
             for r in range(runs):
-                with tempfile.TemporaryDirectory() as tmp:
-                    steps = (run_trl(model, args.steps, Path(tmp), work) if name.startswith("TRL")
-                             else run_ours(model, OURS[name], args.steps, Path(tmp) / "run", work))
-                per_run.append(median_step(steps))
+                per_run.append(fresh_process_run(model, name, args))
                 print(f"[{model}] {name} run {r + 1}: {per_run[-1]['seconds']:.3f} s per step", flush=True)
             results[name] = {k: statistics.median(p[k] for p in per_run) for k in per_run[0]}
-        trl = results["TRL GRPOTrainer"]["seconds"]
+        trl = results.get("TRL GRPOTrainer", {}).get("seconds", float("nan"))      # nan: not run
         for name, res in results.items():
             rows.append({"model": model, "trainer": name, **res, "vs_trl": res["seconds"] / trl, "runs": runs,
                          "steps": args.steps, **asdict(work)})
     print("\n| model | trainer | s per step | ms per 1000 generated tokens | / TRL | / our PPO |\n"
           "|---|---|---|---|---|---|")
     for r in rows:
-        ppo = next(p["seconds"] for p in rows if p["model"] == r["model"] and p["trainer"] == "PPO")
+        ppo = next((p["seconds"] for p in rows if p["model"] == r["model"] and p["trainer"] == "PPO"), float("nan"))
         print(f"| {r['model']} | {r['trainer']} | {r['seconds']:.3f} | {r['ms_per_1k_tokens']:.0f} | "
               f"{r['vs_trl']:.2f} | {r['seconds'] / ppo:.2f} |")
     if args.out:
