@@ -45,7 +45,7 @@ from distributed import setup as setup_distributed
 from evaluate import evaluate
 from influence import (binary_filter, detection_auc, episode_gradients, filter_and_reweight, influence_scores,
                        onepass_scores, random_filter, scoring_backward, scoring_forward, sft_nll, validation_gradient)
-from model import inspect_model, load_adapter, load_policy, load_reference_adapter
+from model import adapters_disabled, inspect_model, load_adapter, load_policy, load_reference_adapter
 from ppo import (approx_kl, clip_fraction, explained_variance, gae, group_advantages, kl_penalized_rewards, masked_mean,
                  policy_loss, value_loss, whiten)
 from report import write_plots, write_report
@@ -86,8 +86,9 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                      temperature=cfg.temperature, seed=derived_seed(cfg.seed, it, SAMPLING, dist.rank),
                                      batch_size=cfg.gen_batch_size, progress=cfg.progress,
-                                     old=not (scoring or updating),
-                                     reference=cfg.kl_beta > 0)   # at beta 0 nothing uses pi_ref: no pass
+                                     old=not (scoring or updating),   # else from theta_old_forwards, with
+                                     reference=cfg.kl_beta > 0 and not (scoring or updating))   # pi_ref
+        # (at beta 0 nothing uses pi_ref: no pass)
         forwards = theta_old_forwards(it, cfg, policy, rollouts, scoring, dist) if scoring or updating else None
         golds = [examples[j].gold for j in rollouts.prompt_index]
         require_finite(it, "rollout", old_logprobs=rollouts.old_logprobs, values=rollouts.values,
@@ -163,15 +164,20 @@ def theta_old_forwards(it: int, cfg: Config, policy, rollouts, scoring: bool, di
     layer's input) if `scoring`, else the update's first (an UpdateForward per micro-batch, in the
     order of the first minibatch, so that the first step sums its micro-batches exactly as
     ppo_update would). Sets rollouts.old_logprobs and rollouts.values from their detached
-    outputs: the numbers the separate no-grad pass would give."""
+    outputs: the numbers the separate no-grad pass would give. At --kl-beta > 0 it also sets
+    rollouts.ref_logprobs, adapters off, over the same micro-batches: log pi_old - log pi_ref is
+    then exactly 0 where the adapters equal the reference (iteration 1), as in the separate pass,
+    not rounding noise from batches of other shapes (which the whitening would blow up into
+    advantages, and the filter into kept episodes, when every reward is equal)."""
     order = torch.arange(len(rollouts))
     if not scoring:   # every episode is kept (no influence): the first minibatch holds them all
-        steps, first = minibatch_plan(it, cfg, torch.ones(len(rollouts), dtype=torch.bool), dist)
-        minibatch = steps[0][1]
-        order = minibatch[(minibatch >= first) & (minibatch < first + len(rollouts))] - first
-    forwards = []
+        _, _, order = minibatch_plan(it, cfg, torch.ones(len(rollouts), dtype=torch.bool), dist)[0]
+    forwards, ref = [], []
     for index in chunks(order, cfg.micro_batch_size):
         part = rollouts.select(index)
+        if cfg.kl_beta > 0:
+            with torch.no_grad(), adapters_disabled(policy):
+                ref.append(token_logprobs(policy, part, cfg.temperature)[0])
         if scoring:
             forward = scoring_forward(policy, part, cfg.temperature)
             forward.index = index
@@ -183,6 +189,8 @@ def theta_old_forwards(it: int, cfg: Config, policy, rollouts, scoring: bool, di
         0, index, torch.cat([f.logprobs.detach() for f in forwards]))                   # (N, T)
     rollouts.values = torch.zeros_like(rollouts.response_mask).index_copy(
         0, index, torch.cat([f.values.detach() for f in forwards]))                     # (N, T)
+    if ref:
+        rollouts.ref_logprobs = torch.zeros_like(rollouts.response_mask).index_copy(0, index, torch.cat(ref))
     return forwards
 
 
@@ -239,7 +247,7 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
     `first_forwards` (train.theta_old_forwards, --passes shared): the first step's forward over
     every episode, already run at theta_old; only its backward is left."""
     device = advantages.device
-    steps, first = minibatch_plan(it, cfg, keep, dist)
+    steps = minibatch_plan(it, cfg, keep, dist)
     n_minibatches = len(steps) // cfg.ppo_epochs
     params = [p for p in policy.parameters() if p.requires_grad]
     sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0,
@@ -249,12 +257,9 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
     ratio_sum, ratio_count, ratio_max = 0.0, 0.0, 0.0
     if first_forwards is not None and (n_minibatches != 1 or not bool(keep.all())):
         raise RuntimeError("the update's first forward is run ahead only when one minibatch holds every episode")
-    for step, (epoch, global_minibatch) in enumerate(tqdm(steps, desc="updating", unit="step",
-                                                          disable=not cfg.progress, leave=False)):
+    for step, (epoch, size, minibatch) in enumerate(tqdm(steps, desc="updating", unit="step",
+                                                         disable=not cfg.progress, leave=False)):
         optimizer.zero_grad(set_to_none=True)
-        size = len(global_minibatch)                                                     # |M|, all ranks
-        mine = global_minibatch[(global_minibatch >= first) & (global_minibatch < first + len(keep))]
-        minibatch = mine - first                                                         # this rank's part
         if step == 0 and first_forwards is not None:   # every episode, forward already run at theta_old
             forwards = ((f.index, f.logprobs, f.values, f.entropy) for f in first_forwards)
         else:                                          # (n, T) each, one micro-batch at a time
@@ -292,18 +297,21 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
         "ratio_first_max": ratio_max}
 
 
-def minibatch_plan(it: int, cfg: Config, keep: torch.Tensor, dist: Dist = SINGLE):
-    """The update's optimizer steps: [(epoch, minibatch)], each minibatch a tensor of indices into
-    all ranks' episodes (rank order), and where this rank's episodes start among them. Each
-    epoch shuffles D' (the kept episodes) and splits it into ceil(|D'| / --minibatch-size)
-    minibatches; the draw is the same in every rank and for any number of ranks."""
+def minibatch_plan(it: int, cfg: Config, keep: torch.Tensor, dist: Dist = SINGLE) -> list:
+    """The update's optimizer steps: [(epoch, |M|, this rank's part of M)], |M| counting all ranks'
+    episodes, the part as indices into this rank's episodes. Each epoch shuffles D' (the kept
+    episodes, as indices into all ranks' episodes in rank order) and splits it into
+    ceil(|D'| / --minibatch-size) minibatches; the draw is the same in every rank and for any
+    number of ranks."""
     kept_all = dist.cat(keep.float()).nonzero().squeeze(-1).cpu()
     first = dist.offset(len(keep))                    # this rank's episodes are [first, first + N)
     n_minibatches = math.ceil(len(kept_all) / cfg.minibatch_size)
     generator = torch.Generator().manual_seed(derived_seed(cfg.seed, it, MINIBATCHES))
-    steps = [(e, mb) for e in range(cfg.ppo_epochs)
-             for mb in kept_all[torch.randperm(len(kept_all), generator=generator)].tensor_split(n_minibatches)]
-    return steps, first
+    steps = []
+    for epoch in range(cfg.ppo_epochs):
+        for mb in kept_all[torch.randperm(len(kept_all), generator=generator)].tensor_split(n_minibatches):
+            steps.append((epoch, len(mb), mb[(mb >= first) & (mb < first + len(keep))] - first))
+    return steps
 
 
 def clip_and_step(it: int, cfg: Config, policy, optimizer) -> None:

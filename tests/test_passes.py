@@ -55,17 +55,33 @@ def test_shared_and_separate_passes_give_the_same_run(tiny_dir, tmp_path):
     a, b = metrics(runs["separate"]), metrics(runs["shared"])
     assert [m["iteration"] for m in a] == [1, 2]
     assert any(m["policy_loss"] != 0 for m in a) and all("score_mean" in m for m in a)
+    assert a[0]["kl"] == b[0]["kl"] == 0.0     # pi_ref and pi_old over the same batches: exactly 0 at the start
+    # The run's summaries at 1e-5: some divide by a spread (explained variance by Var(R), the
+    # weights' ESS by sum w^2), which turns a 1e-7 difference in V_old into 1.4e-6 on some CPUs.
+    # The quantities themselves (scores, weights, parameters; old log-probs and values in the
+    # next test) are held to 1e-6.
     for x, y in zip(a, b):
-        assert close(comparable(x), comparable(y)), (comparable(x), comparable(y))
+        assert close(comparable(x), comparable(y), tol=1e-5), (comparable(x), comparable(y))
     ea = [json.loads(l) for l in (runs["separate"] / "episodes.jsonl").read_text().splitlines()]
     eb = [json.loads(l) for l in (runs["shared"] / "episodes.jsonl").read_text().splitlines()]
     assert [(e["response"], e["kept"]) for e in ea] == [(e["response"], e["kept"]) for e in eb]
-    assert close([e["score"] for e in ea], [e["score"] for e in eb]) and close([e["weight"] for e in ea],
-                                                                             [e["weight"] for e in eb])
-    ta = load_file(runs["separate"] / "checkpoints" / "iter_000002" / "adapter.safetensors")
-    tb = load_file(runs["shared"] / "checkpoints" / "iter_000002" / "adapter.safetensors")
-    for name in ta:
-        assert (ta[name] - tb[name]).abs().max() <= 1e-6 * max(1.0, ta[name].abs().max().item()), name
+    assert close([e["score"] for e in ea], [e["score"] for e in eb])
+    # w_i = s_i / mean(kept s) divides by a mean that can be small: the weights are held to the
+    # scores' 1e-6 carried through that division (1e-6 * max|s| / mean(kept s), per iteration).
+    for it in {e["iteration"] for e in ea}:
+        s = [e["score"] for e in ea if e["iteration"] == it]
+        kept = [x for x in s if x > 0]
+        tol = 1e-6 * max(1.0, *map(abs, s)) / (sum(kept) / len(kept)) if kept else 1e-6
+        assert close([e["weight"] for e in ea if e["iteration"] == it],
+                     [e["weight"] for e in eb if e["iteration"] == it], tol), it
+    # Updated parameters: 1e-6 after the first iteration. The second's kept scores average about
+    # 0.005, so the weights carry the scores' rounding 200-fold (above) and the step passes it
+    # on: 1e-5 there (seen: 2.9e-6 on one CPU, under 1e-6 on another).
+    for it, tol in ((1, 1e-6), (2, 1e-5)):
+        ta = load_file(runs["separate"] / "checkpoints" / f"iter_{it:06d}" / "adapter.safetensors")
+        tb = load_file(runs["shared"] / "checkpoints" / f"iter_{it:06d}" / "adapter.safetensors")
+        for name in ta:
+            assert (ta[name] - tb[name]).abs().max() <= tol * max(1.0, ta[name].abs().max().item()), (it, name)
 
 
 def test_the_scoring_forward_gives_the_old_pass_numbers(tiny_dir):
@@ -120,15 +136,19 @@ def test_without_influence_pi_old_comes_from_the_update_and_equals_the_separate_
                                    "--minibatch-size", "6", "--ppo-epochs", "2", "--passes", passes,
                                    "--run-dir", str(tmp_path / passes)])
         with_ref = kl_beta != "0"
-        assert calls == ([(with_ref, True)] * 2 if passes == "separate" else [(True, False)] * 2 if with_ref else [])
+        # shared: pi_ref, when used, comes with pi_old from train.theta_old_forwards (same micro-batches)
+        assert calls == ([(with_ref, True)] * 2 if passes == "separate" else [])
     a, b = metrics(runs["separate"]), metrics(runs["shared"])
     assert any(m["policy_loss"] != 0 for m in a) and all(m["optimizer_steps"] == 2 for m in a)
     assert all(m["ratio_first_max"] == 1.0 for m in b)     # pi_old is the first forward itself
+    if kl_beta != "0":
+        assert a[0]["kl"] == b[0]["kl"] == 0.0     # pi_ref and pi_old over the same batches: exactly 0 at the start
     if advantage == "gae":
         assert any(m["value_loss"] != 0 for m in a)      # the critic trains, from V_old of the shared forward
-    for x, y in zip(a, b):
-        assert close(comparable(x), comparable(y)), (comparable(x), comparable(y))
-    ta = load_file(runs["separate"] / "checkpoints" / "iter_000002" / "adapter.safetensors")
-    tb = load_file(runs["shared"] / "checkpoints" / "iter_000002" / "adapter.safetensors")
-    for name in ta:
-        assert (ta[name] - tb[name]).abs().max() <= 1e-6 * max(1.0, ta[name].abs().max().item()), name
+    for x, y in zip(a, b):   # summaries at 1e-5: explained variance divides by Var(R) (as above)
+        assert close(comparable(x), comparable(y), tol=1e-5), (comparable(x), comparable(y))
+    for it in (1, 2):   # updated parameters
+        ta = load_file(runs["separate"] / "checkpoints" / f"iter_{it:06d}" / "adapter.safetensors")
+        tb = load_file(runs["shared"] / "checkpoints" / f"iter_{it:06d}" / "adapter.safetensors")
+        for name in ta:
+            assert (ta[name] - tb[name]).abs().max() <= 1e-6 * max(1.0, ta[name].abs().max().item()), (it, name)
