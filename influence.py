@@ -67,6 +67,10 @@ def validation_gradient(policy, val_seqs: Sequences, batch_size: int = 8, progre
     g_val = torch.zeros(sum(p.numel() for p in params), device=val_seqs.response_mask.device)
     for s in tqdm(range(0, len(val_seqs), batch_size), desc="g_val", unit="batch", disable=not progress, leave=False):
         part = val_seqs.select(range(s, min(s + batch_size, len(val_seqs))))
+        # Only the response columns this batch uses (the prompt side is trimmed in token_logprobs):
+        # the set is padded to its longest solution, and a batch of shorter ones need not pay for it.
+        width = int(part.response_mask.sum(1).max())
+        part = Sequences(part.prompt_ids, part.prompt_mask, part.response_ids[:, :width], part.response_mask[:, :width])
         nll, _ = sft_nll(policy, part)
         loss = nll.sum() / n_tokens_total
         g_val += _flat(torch.autograd.grad(loss, params, allow_unused=True), params)
