@@ -86,9 +86,10 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                      temperature=cfg.temperature, seed=derived_seed(cfg.seed, it, SAMPLING, dist.rank),
                                      batch_size=cfg.gen_batch_size, progress=cfg.progress,
-                                     old=not (scoring or updating),   # else from theta_old_forwards, with
-                                     reference=cfg.kl_beta > 0 and not (scoring or updating))   # pi_ref
-        # (at beta 0 nothing uses pi_ref: no pass)
+                                     # pi_old and pi_ref here, or with the graph kept in theta_old_forwards;
+                                     # at beta 0 nothing uses pi_ref: no pass
+                                     old=not (scoring or updating),
+                                     reference=cfg.kl_beta > 0 and not (scoring or updating))
         forwards = theta_old_forwards(it, cfg, policy, rollouts, scoring, dist) if scoring or updating else None
         golds = [examples[j].gold for j in rollouts.prompt_index]
         require_finite(it, "rollout", old_logprobs=rollouts.old_logprobs, values=rollouts.values,

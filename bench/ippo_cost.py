@@ -7,12 +7,13 @@
 --recipe tiny (the default) is the README's first command (the tiny world's recipe,
 bench/tiny_learns.RECIPE: 32 prompts x 4 samples = 128 episodes, one minibatch, 2 epochs);
 --recipe gsm8k-270m is the README's GSM8K command on the offline Gemma-3-270M (4 prompts x 2
-samples, 128 new tokens, 8 validation solutions two at a time, train.py's other defaults). Each runs with
---influence off and then on, same seed, one after the other, no evaluation, and reads the
-per-phase seconds of every iteration from each run's metrics.jsonl. Prints, per phase, the median over iterations 2..--iterations
-(iteration 1 warms up), the medians of the iteration totals and I-PPO's total over PPO's, and
-I-PPO's mean kept fraction (its update runs on the kept episodes only). The totals exclude
-the checkpoint written after each iteration (the same for both).
+samples, 128 new tokens, 8 validation solutions two at a time, train.py's other defaults). Each
+runs with --influence off and then on, same seed, one after the other, no evaluation, and reads
+the per-phase seconds of every iteration from each run's metrics.jsonl. Prints, per phase, the
+median over iterations 2..--iterations (iteration 1 warms up), the medians of the iteration
+totals and I-PPO's total over PPO's, and I-PPO's mean kept fraction (its update runs on the kept
+episodes only). The totals exclude the checkpoint written after each iteration (the same for
+both).
 
 It times the machine: run it alone.
 """
