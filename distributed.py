@@ -31,6 +31,7 @@ Public:
     Dist.broadcast(obj)      rank 0's Python object on every rank
     Dist.share(n)            (start, stop) of this rank's contiguous share of n items
     Dist.barrier()           wait for every rank
+    Dist.close()             wait for every rank, then leave the process group (end of a run)
     Dist.is_main, Dist.active   rank 0?  more than one process?
 """
 
@@ -115,6 +116,14 @@ class Dist:
     def barrier(self) -> None:
         if self.active:
             dist.barrier()
+
+    def close(self) -> None:
+        """Leave the process group before the interpreter exits. Without it, gloo's worker
+        threads can outlive the interpreter and abort the process at exit ("terminate called
+        without an active exception", SIGABRT) after a run that did everything right."""
+        if self.active and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
 
 
 def setup() -> Dist:

@@ -626,7 +626,7 @@ def main(argv=None) -> Path:
         say(f"[report] {write_plots(run_dir)}, {write_report(run_dir)}", file=sys.stderr)
     if dist.is_main:
         unlock_run_dir(run_dir)
-    dist.barrier()
+    dist.close()
     say(f"[done] run directory: {run_dir}")
     return run_dir
 

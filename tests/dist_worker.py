@@ -54,6 +54,7 @@ def main(model_dir: str, out: str) -> None:
     all_keep, all_weights = dist.cat(keep.float()), dist.cat(weights)
     if dist.is_main:
         save_file({**policy.trainable_state(), "keep": all_keep, "weights": all_weights}, out)
+    dist.close()  # without it gloo can abort the process at exit (SIGABRT), after a correct run
 
 
 if __name__ == "__main__":
