@@ -120,7 +120,8 @@ def token_logprobs(policy, seqs: Sequences, temperature: float = 1.0, with_entro
     if lean and policy.softcap is None:
         where = mask.bool()
         weight = policy.lm.get_output_embeddings().weight                             # (V, H), frozen
-        lp, ent = TargetLogProb.apply(hidden[where], weight, seqs.response_ids[where], temperature)   # (M,)
+        lp, ent = TargetLogProb.apply(hidden[where], weight, seqs.response_ids[where], temperature,
+                                      with_entropy)                                   # (M,) each
         logprobs = torch.zeros_like(mask).masked_scatter(where, lp)
         entropy = torch.zeros_like(mask).masked_scatter(where, ent) if with_entropy else None
         return logprobs, values, entropy
@@ -137,19 +138,24 @@ class TargetLogProb(torch.autograd.Function):
     """For M hidden states h (M, H), a frozen LM head W (V, H) and targets a (M,):
         z = h W^T / temperature,  log p(a) = z_a - logsumexp(z),  H = -sum_k p_k log p_k.
     Computed LOGIT_CHUNK rows at a time; backward recomputes z per chunk, using
-        d log p(a) / dz = onehot(a) - p,   dH / dz = -p (log p + H),   dh = (dz / temperature) W."""
+        d log p(a) / dz = onehot(a) - p,   dH / dz = -p (log p + H),   dh = (dz / temperature) W.
+    The entropy is computed only `with_entropy` (else returned as None), and its gradient term
+    only when the loss uses it: each is several passes over a (chunk, vocabulary) block, and
+    the LM head is most of a small model's cost per response token. The (chunk, vocabulary)
+    blocks are updated in place where that gives the same numbers bit for bit."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature):
+    def forward(ctx, hidden, weight, targets, temperature, with_entropy):
         if weight.requires_grad:
             raise ValueError("TargetLogProb assumes a frozen LM head (it returns no weight gradient)")
         logp = torch.empty(len(targets), device=hidden.device)
-        entropy = torch.empty(len(targets), device=hidden.device)
+        entropy = torch.empty(len(targets), device=hidden.device) if with_entropy else None
         for s in range(0, len(targets), LOGIT_CHUNK):
-            z = (hidden[s:s + LOGIT_CHUNK] @ weight.T).float() / temperature        # (c, V)
-            logq = torch.log_softmax(z, dim=-1)
-            logp[s:s + LOGIT_CHUNK] = logq.gather(-1, targets[s:s + LOGIT_CHUNK, None]).squeeze(-1)
-            entropy[s:s + LOGIT_CHUNK] = -(logq.exp() * logq).sum(-1)
+            e = s + LOGIT_CHUNK
+            logq = torch.log_softmax((hidden[s:e] @ weight.T).float().div_(temperature), dim=-1)   # (c, V)
+            logp[s:e] = logq.gather(-1, targets[s:e, None]).squeeze(-1)
+            if with_entropy:
+                entropy[s:e] = -(logq.exp() * logq).sum(-1)
         ctx.save_for_backward(hidden, weight, targets, entropy)
         ctx.temperature = temperature
         return logp, entropy
@@ -160,16 +166,19 @@ class TargetLogProb(torch.autograd.Function):
         grad_hidden = torch.zeros_like(hidden)
         for s in range(0, len(targets), LOGIT_CHUNK):
             e = s + LOGIT_CHUNK
-            logq = torch.log_softmax((hidden[s:e] @ weight.T).float() / ctx.temperature, dim=-1)   # (c, V)
-            p = logq.exp()
-            grad_z = torch.zeros_like(p)
-            if grad_logp is not None:
-                grad_z -= p * grad_logp[s:e, None]
+            logq = torch.log_softmax((hidden[s:e] @ weight.T).float().div_(ctx.temperature), dim=-1)   # (c, V)
+            if grad_entropy is None:                        # log p(a) only: -p g + onehot(a) g, in place
+                grad_z = logq.exp_().mul_(-grad_logp[s:e, None])
                 grad_z.scatter_add_(-1, targets[s:e, None], grad_logp[s:e, None])
-            if grad_entropy is not None:
+            else:
+                p = logq.exp()
+                grad_z = torch.zeros_like(p)
+                if grad_logp is not None:
+                    grad_z -= p * grad_logp[s:e, None]
+                    grad_z.scatter_add_(-1, targets[s:e, None], grad_logp[s:e, None])
                 grad_z -= grad_entropy[s:e, None] * p * (logq + entropy[s:e, None])
-            grad_hidden[s:e] = ((grad_z / ctx.temperature).to(weight.dtype) @ weight).to(hidden.dtype)
-        return grad_hidden, None, None, None
+            grad_hidden[s:e] = (grad_z.div_(ctx.temperature).to(weight.dtype) @ weight).to(hidden.dtype)
+        return grad_hidden, None, None, None, None
 
 
 def plain_generate(lm, input_ids, attention_mask, config: GenerationConfig) -> torch.Tensor:

@@ -272,7 +272,9 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
             vf = value_loss(values, part.values, returns[micro], part.response_mask, cfg.value_clip_eps)       # (n,)
             ent = masked_mean(entropy, part.response_mask)                                    # (n,)
             vf_coef = cfg.vf_coef if cfg.advantage == "gae" else 0.0                      # GRPO: no critic
-            loss = ((weights[micro] * pg).sum() + vf_coef * vf.sum() - cfg.ent_coef * ent.sum()) / size
+            # At c_e = 0 the entropy (logged) stays out of the graph: no backward through it.
+            bonus = cfg.ent_coef * ent.sum() if cfg.ent_coef else 0.0
+            loss = ((weights[micro] * pg).sum() + vf_coef * vf.sum() - bonus) / size
             require_finite(it, f"update, epoch {epoch + 1}", loss=loss)
             loss.backward()
             sums["policy_loss"] += pg.sum().item()

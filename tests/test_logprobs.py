@@ -9,7 +9,10 @@ from rollout import encode_pairs, token_logprobs
 
 
 @pytest.mark.parametrize("chunk", [3, 256])
-def test_lean_logprobs_equal_plain_and_so_do_gradients(tiny_dir, monkeypatch, chunk):
+@pytest.mark.parametrize("uses", ["logp and entropy", "logp", "entropy"])
+def test_lean_logprobs_equal_plain_and_so_do_gradients(tiny_dir, monkeypatch, chunk, uses):
+    """Each backward branch of TargetLogProb: the loss through log p only (the in-place one), through
+    the entropy only, through both."""
     monkeypatch.setattr(rollout, "LOGIT_CHUNK", chunk)
     policy, tok = load_policy(tiny_dir, quiet=True)
     with torch.no_grad():
@@ -17,12 +20,16 @@ def test_lean_logprobs_equal_plain_and_so_do_gradients(tiny_dir, monkeypatch, ch
             p.normal_(0, 0.3)
     seqs = encode_pairs(tok, ["Q: 2+2?", "Question: what is 10 - 3?", "Hi"],
                         ["#### 4", "10 - 3 = 7\n#### 7", "a longer answer, with words: #### 5"])
+    with_entropy = uses != "logp"
     out = {}
     for lean in (False, True):
-        lp, values, ent = token_logprobs(policy, seqs, temperature=0.7, with_entropy=True, lean=lean)
-        loss = (lp * torch.linspace(-1, 1, lp.shape[1])).sum() + 0.3 * ent.sum()
+        lp, values, ent = token_logprobs(policy, seqs, temperature=0.7, with_entropy=with_entropy, lean=lean)
+        assert (ent is None) == (not with_entropy)
+        loss = (lp * torch.linspace(-1, 1, lp.shape[1])).sum() if uses != "entropy" else 0.0
+        loss = loss + (0.3 * ent.sum() if with_entropy else 0.0)
         grads = torch.autograd.grad(loss, lora_parameters(policy))
-        out[lean] = (lp, ent, values, torch.cat([g.reshape(-1) for g in grads]))
+        out[lean] = [x for x in (lp, ent, values, torch.cat([g.reshape(-1) for g in grads])) if x is not None]
+    assert out[True][-1].abs().max() > 0          # the gradient is not trivially zero
     for plain, lean in zip(out[False], out[True]):
         torch.testing.assert_close(lean, plain, rtol=1e-5, atol=1e-5)
     assert (out[True][0][seqs.response_mask == 0] == 0).all()
