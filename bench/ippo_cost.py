@@ -2,18 +2,24 @@
 
     HF_HUB_OFFLINE=1 python bench/ippo_cost.py                      # 20 iterations of each, seed 0
     HF_HUB_OFFLINE=1 python bench/ippo_cost.py --iterations 3       # a quick check
+    HF_HUB_OFFLINE=1 python bench/ippo_cost.py --pairs 5 --iterations 10   # 5 pairs, an interval
     HF_HUB_OFFLINE=1 python bench/ippo_cost.py --recipe gsm8k-270m --iterations 5
 
 --recipe tiny (the default) is the README's first command (the tiny world's recipe,
 bench/tiny_learns.RECIPE: 32 prompts x 4 samples = 128 episodes, one minibatch, 2 epochs);
 --recipe gsm8k-270m is the README's GSM8K command on the offline Gemma-3-270M (4 prompts x 2
-samples, 128 new tokens, 8 validation solutions two at a time, train.py's other defaults). Each
-runs with --influence off and then on, same seed, one after the other, no evaluation, and reads
-the per-phase seconds of every iteration from each run's metrics.jsonl. Prints, per phase, the
-median over iterations 2..--iterations (iteration 1 warms up), the medians of the iteration
-totals and I-PPO's total over PPO's, and I-PPO's mean kept fraction (its update runs on the kept
-episodes only). The totals exclude the checkpoint written after each iteration (the same for
-both).
+samples, 128 new tokens, 8 validation solutions two at a time, train.py's other defaults). A
+pair is one run with --influence off and one with it on, same seed, no evaluation, each
+train.py in a fresh process; the per-phase seconds of every iteration come from each run's
+metrics.jsonl. Prints, per phase, the median over iterations 2..--iterations (iteration 1 warms
+up) and over pairs, the medians of the iteration totals and I-PPO's total over PPO's, and
+I-PPO's mean kept fraction (its update runs on the kept episodes only). The totals exclude the
+checkpoint written after each iteration (the same for both).
+
+The runs are deterministic (same seed, same episodes, same updates), so repeated pairs do the
+same work and differ only in how fast the machine was: with --pairs K > 1 the pairs alternate
+which method runs first, and each pair's ratio (its I-PPO median total over its PPO median
+total) is printed with their mean and 95% t-interval.
 
 It times the machine: run it alone.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import train  # noqa: E402
+from compare import T_975  # noqa: E402
 from tiny_learns import RECIPE  # noqa: E402
 
 # The README's GSM8K command on the offline Gemma-3-270M (its first command before the tiny world).
@@ -43,37 +50,63 @@ METHODS = {"PPO": ["--influence", "off"], "I-PPO": ["--influence", "on"]}
 
 
 def run(recipe: list[str], flags: list[str], iterations: int, seed: int, out: Path) -> list[dict]:
-    """train.py with `recipe` (no evaluation); metrics.jsonl's iteration rows."""
+    """train.py with `recipe` (no evaluation), in a fresh process; metrics.jsonl's iteration rows."""
     argv = [*recipe, "--iterations", str(iterations), "--seed", str(seed), "--eval-every", "0",
             "--run-dir", str(out), *flags]
-    run_dir = train.main(argv)
-    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "seconds" in r]
+    subprocess.run([sys.executable, str(ROOT / "train.py"), *argv], check=True, stdout=subprocess.DEVNULL)
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "seconds" in r]
+
+
+def summary(rows: list[dict]) -> dict:
+    """Per-phase medians, the median total, the mean kept fraction over iterations 2.. of one run."""
+    later = rows[1:] or rows
+    return {**{p: statistics.median(r["seconds"].get(p, 0.0) for r in later) for p in PHASES},
+            "total": statistics.median(sum(r["seconds"].values()) for r in later),
+            "kept_fraction": statistics.mean(r.get("kept_fraction", 1.0) for r in later)}
+
+
+def mean_and_half_width(values: list[float]) -> tuple[float, float | None]:
+    """The mean and the half-width of its 95% Student t-interval (None for one value)."""
+    if len(values) < 2:
+        return values[0], None
+    df = len(values) - 1
+    t = T_975.get(df) or (T_975[max(k for k in T_975 if k < df)] if df < 30 else 1.96)
+    return statistics.mean(values), t * statistics.stdev(values) / len(values) ** 0.5
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pairs", type=int, default=1, help="pairs of runs (PPO, I-PPO), alternating which is first")
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="tiny")
     parser.add_argument("--out", default=None, help="also write the medians as JSON here")
     args = parser.parse_args(argv)
-    result = {}
-    for name, flags in METHODS.items():
-        with tempfile.TemporaryDirectory() as tmp:
-            rows = run(RECIPES[args.recipe], flags, args.iterations, args.seed, Path(tmp) / "run")
-        later = rows[1:] or rows
-        result[name] = {**{p: statistics.median(r["seconds"].get(p, 0.0) for r in later) for p in PHASES},
-                        "total": statistics.median(sum(r["seconds"].values()) for r in later),
-                        "kept_fraction": statistics.mean(r.get("kept_fraction", 1.0) for r in later)}
+    runs = {name: [] for name in METHODS}
+    for k in range(args.pairs):
+        for name in (list(METHODS) if k % 2 == 0 else list(METHODS)[::-1]):
+            with tempfile.TemporaryDirectory() as tmp:
+                runs[name].append(summary(run(RECIPES[args.recipe], METHODS[name], args.iterations, args.seed,
+                                              Path(tmp) / "run")))
+            print(f"[pair {k + 1}/{args.pairs}] {name}: {runs[name][-1]['total']:.2f} s an iteration", flush=True)
+    result = {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for name, rs in runs.items()}
     result["ratio"] = result["I-PPO"]["total"] / result["PPO"]["total"]
+    pair_ratios = [i["total"] / p["total"] for p, i in zip(runs["PPO"], runs["I-PPO"])]
+    mean, half = mean_and_half_width(pair_ratios)
+    result["pairs"] = {"ratios": pair_ratios, "mean": mean, "half_width_95": half,
+                       "PPO_totals": [r["total"] for r in runs["PPO"]],
+                       "I-PPO_totals": [r["total"] for r in runs["I-PPO"]]}
     result["run"] = {"recipe": args.recipe, "flags": RECIPES[args.recipe], "iterations": args.iterations,
-                     "seed": args.seed}
-    print(f"\n{args.recipe}: seconds per iteration, medians of iterations 2..{args.iterations}, seed {args.seed}\n")
+                     "seed": args.seed, "pairs": args.pairs}
+    print(f"\n{args.recipe}: seconds per iteration, medians of iterations 2..{args.iterations} "
+          f"(and over {args.pairs} pairs), seed {args.seed}\n")
     print("| | " + " | ".join([*PHASES, "total", "kept fraction"]) + " |\n" + "|---" * (len(PHASES) + 3) + "|")
     for name in METHODS:
         r = result[name]
         print(f"| {name} | " + " | ".join(f"{r[p]:.2f}" for p in PHASES) + f" | {r['total']:.2f} | {r['kept_fraction']:.2f} |")
     print(f"\nI-PPO / PPO per iteration: {result['ratio']:.2f}")
+    if args.pairs > 1:
+        print("pair by pair: " + ", ".join(f"{x:.2f}" for x in pair_ratios) + f"; mean {mean:.3f} ± {half:.3f} (95% t)")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return result
