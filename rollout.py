@@ -158,6 +158,7 @@ class TargetLogProb(torch.autograd.Function):
                 entropy[s:e] = -(logq.exp() * logq).sum(-1)
         ctx.save_for_backward(hidden, weight, targets, entropy)
         ctx.temperature = temperature
+        ctx.set_materialize_grads(False)   # an output the loss does not use: its gradient is None, not zeros
         return logp, entropy
 
     @staticmethod

@@ -9,10 +9,11 @@ from rollout import encode_pairs, token_logprobs
 
 
 @pytest.mark.parametrize("chunk", [3, 256])
-@pytest.mark.parametrize("uses", ["logp and entropy", "logp", "entropy"])
+@pytest.mark.parametrize("uses", ["logp and entropy", "logp", "entropy", "logp, entropy only logged"])
 def test_lean_logprobs_equal_plain_and_so_do_gradients(tiny_dir, monkeypatch, chunk, uses):
-    """Each backward branch of TargetLogProb: the loss through log p only (the in-place one), through
-    the entropy only, through both."""
+    """Each backward branch of TargetLogProb: the loss through log p only (the in-place one; also
+    when the entropy is computed but only logged, as in the update at --ent-coef 0), through the
+    entropy only, through both."""
     monkeypatch.setattr(rollout, "LOGIT_CHUNK", chunk)
     policy, tok = load_policy(tiny_dir, quiet=True)
     with torch.no_grad():
@@ -26,7 +27,7 @@ def test_lean_logprobs_equal_plain_and_so_do_gradients(tiny_dir, monkeypatch, ch
         lp, values, ent = token_logprobs(policy, seqs, temperature=0.7, with_entropy=with_entropy, lean=lean)
         assert (ent is None) == (not with_entropy)
         loss = (lp * torch.linspace(-1, 1, lp.shape[1])).sum() if uses != "entropy" else 0.0
-        loss = loss + (0.3 * ent.sum() if with_entropy else 0.0)
+        loss = loss + (0.3 * ent.sum() if uses in ("logp and entropy", "entropy") else 0.0)
         grads = torch.autograd.grad(loss, lora_parameters(policy))
         out[lean] = [x for x in (lp, ent, values, torch.cat([g.reshape(-1) for g in grads])) if x is not None]
     assert out[True][-1].abs().max() > 0          # the gradient is not trivially zero
