@@ -276,9 +276,14 @@ def interval(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
     mean = statistics.mean(values)
     if len(values) == 1:
         return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {half_width_95(values):.{digits}f}"
+
+
+def half_width_95(values: list[float]) -> float:
+    """Half-width of the 95% Student t-interval of the mean of two or more values."""
     df = len(values) - 1
     t = T_975.get(df) or (T_975[max(k for k in T_975 if k < df)] if df < 30 else 1.96)
-    return f"{mean:.{digits}f} ± {t * statistics.stdev(values) / len(values) ** 0.5:.{digits}f}"
+    return t * statistics.stdev(values) / len(values) ** 0.5
 
 
 def label(method: str) -> str:

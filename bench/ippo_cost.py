@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from compare import T_975  # noqa: E402
+from compare import half_width_95  # noqa: E402
 from tiny_learns import RECIPE  # noqa: E402
 
 # The README's GSM8K command on the offline Gemma-3-270M (its first command before the tiny world).
@@ -65,15 +65,6 @@ def summary(rows: list[dict]) -> dict:
             "kept_fraction": statistics.mean(r.get("kept_fraction", 1.0) for r in later)}
 
 
-def mean_and_half_width(values: list[float]) -> tuple[float, float | None]:
-    """The mean and the half-width of its 95% Student t-interval (None for one value)."""
-    if len(values) < 2:
-        return values[0], None
-    df = len(values) - 1
-    t = T_975.get(df) or (T_975[max(k for k in T_975 if k < df)] if df < 30 else 1.96)
-    return statistics.mean(values), t * statistics.stdev(values) / len(values) ** 0.5
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=20)
@@ -92,7 +83,7 @@ def main(argv=None) -> dict:
     result = {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for name, rs in runs.items()}
     result["ratio"] = result["I-PPO"]["total"] / result["PPO"]["total"]
     pair_ratios = [i["total"] / p["total"] for p, i in zip(runs["PPO"], runs["I-PPO"])]
-    mean, half = mean_and_half_width(pair_ratios)
+    mean, half = statistics.mean(pair_ratios), (half_width_95(pair_ratios) if len(pair_ratios) > 1 else None)
     result["pairs"] = {"ratios": pair_ratios, "mean": mean, "half_width_95": half,
                        "PPO_totals": [r["total"] for r in runs["PPO"]],
                        "I-PPO_totals": [r["total"] for r in runs["I-PPO"]]}
