@@ -172,6 +172,7 @@ def main(argv=None) -> list[dict]:
                 per_run.append(fresh_process_run(model, name, args))
                 print(f"[{model}] {name} run {r + 1}: {per_run[-1]['seconds']:.3f} s per step", flush=True)
             results[name] = {k: statistics.median(p[k] for p in per_run) for k in per_run[0]}
+            results[name]["per_run_seconds"] = [p["seconds"] for p in per_run]   # for intervals over runs
         trl = results.get("TRL GRPOTrainer", {}).get("seconds", float("nan"))      # nan: not run
         for name, res in results.items():
             rows.append({"model": model, "trainer": name, **res, "vs_trl": res["seconds"] / trl, "runs": runs,
