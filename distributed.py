@@ -37,6 +37,7 @@ Public:
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 
@@ -118,9 +119,13 @@ class Dist:
             dist.barrier()
 
     def close(self) -> None:
-        """Leave the process group before the interpreter exits. Without it, gloo's worker
-        threads can outlive the interpreter and abort the process at exit ("terminate called
-        without an active exception", SIGABRT) after a run that did everything right."""
+        """Leave the process group before the interpreter exits, so that gloo's worker threads
+        are joined while Python is alive. A worker thread still running at exit drops its last
+        finished collective (which holds tensors with Python objects) during the interpreter's
+        finalization; taking the GIL then ends the thread by a forced unwind through a noexcept
+        destructor, and the process aborts ("terminate called without an active exception",
+        SIGABRT) after a run that did everything right. destroy_process_group joins the threads
+        only if nothing else holds the group: see setup() for the one holder we know of."""
         if self.active and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
@@ -137,5 +142,12 @@ def setup() -> Dist:
     if backend == "nccl":
         torch.cuda.set_device(local_rank)  # so that device "cuda" means this rank's GPU
     if not dist.is_initialized():
+        # Before the group exists: torch.distributed.fsdp (which transformers imports when a model
+        # is first loaded) binds the world group as a default argument at import time
+        # (ShardedGradScaler's process_group=dist.group.WORLD). Imported after
+        # init_process_group, that default keeps the gloo group alive past
+        # destroy_process_group, so its worker threads outlive close() and can abort the
+        # interpreter's exit (see Dist.close). Imported here, it binds None.
+        importlib.import_module("torch.distributed.fsdp")
         dist.init_process_group(backend=backend)
     return Dist(rank=rank, world=world, local_rank=local_rank, backend=backend)

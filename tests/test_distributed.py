@@ -10,6 +10,9 @@ import pytest
 import torch
 
 WORKER = Path(__file__).resolve().parent / "dist_worker.py"
+EXIT_WORKER = Path(__file__).resolve().parent / "dist_exit_worker.py"
+GLOO = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                          reason="this torch build has no gloo backend")
 
 
 def free_port() -> int:
@@ -18,19 +21,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def torchrun(nproc: int, script: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), *args]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
 def run_worker(nproc: int, model_dir: str, out: Path) -> dict:
     from safetensors.torch import load_file
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(WORKER), model_dir, str(out)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    torchrun(nproc, WORKER, model_dir, str(out))
     return load_file(out)
 
 
-@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-                    reason="this torch build has no gloo backend")
+@GLOO
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread names are read from Linux's /proc")
+def test_close_joins_the_gloo_threads_after_a_model_load(tiny_dir):
+    """Loading a model imports torch.distributed.fsdp, whose ShardedGradScaler binds the world
+    group as a default argument at import. Imported after init_process_group, that reference
+    kept the gloo group, and its worker threads, alive past destroy_process_group; one of them
+    then aborted the process at exit now and then (SIGABRT) after a correct run."""
+    done = torchrun(2, EXIT_WORKER, tiny_dir)
+    lines = [line for line in done.stdout.splitlines() if "threads after close" in line]
+    assert len(lines) == 2, done.stdout[-2000:]
+    for line in lines:
+        assert "gloo" not in line, line
+
+
+@GLOO
 def test_two_gloo_processes_make_the_single_process_update(tiny_dir, tmp_path):
     one = run_worker(1, tiny_dir, tmp_path / "one.safetensors")
     two = run_worker(2, tiny_dir, tmp_path / "two.safetensors")
