@@ -1,6 +1,7 @@
 """torchrun: K processes, each with its share of the episodes, make the same update as one
 process with all of them (distributed.py, train.py)."""
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -45,10 +46,11 @@ def test_close_joins_the_gloo_threads_after_a_model_load(tiny_dir):
     kept the gloo group, and its worker threads, alive past destroy_process_group; one of them
     then aborted the process at exit now and then (SIGABRT) after a correct run."""
     done = torchrun(2, EXIT_WORKER, tiny_dir)
-    lines = [line for line in done.stdout.splitlines() if "threads after close" in line]
-    assert len(lines) == 2, done.stdout[-2000:]
-    for line in lines:
-        assert "gloo" not in line, line
+    # the two ranks share stdout: their lines may run into each other
+    found = re.findall(r"rank (\d) threads after close: ([\w,-]*?)(?=rank \d|\s|$)", done.stdout)
+    assert sorted(rank for rank, _ in found) == ["0", "1"], done.stdout[-2000:]
+    for rank, names in found:
+        assert names and "gloo" not in names, (rank, names)
 
 
 @GLOO
