@@ -214,24 +214,39 @@ def parse_config(argv=None) -> Config:
     args = parser.parse_args(argv)
     cfg = Config(**vars(args))
     if cfg.resume:
-        cfg = resumed_config(cfg, parser)
+        cfg = resumed_config(cfg, given_flags(parser, argv))
     cfg.validate()
     return cfg
 
 
-def resumed_config(cfg: Config, parser) -> Config:
-    """--resume uses the run's saved config.json; only --iterations may be changed."""
+def given_flags(parser: argparse.ArgumentParser, argv=None) -> set[str]:
+    """The fields whose flags `argv` actually names, whatever their values (a flag given with
+    its default value counts as given): argv parsed again with every default suppressed."""
+    defaults = {action: action.default for action in parser._actions}
+    try:
+        for action in defaults:
+            action.default = argparse.SUPPRESS
+        return set(vars(parser.parse_args(argv)))
+    finally:
+        for action, default in defaults.items():
+            action.default = default
+
+
+def resumed_config(cfg: Config, given: set[str]) -> Config:
+    """--resume uses the run's saved config.json; only --iterations (and --progress) given on
+    the command line change it. Every other flag given is named as ignored."""
     path = Path(cfg.resume) / "config.json"
     if not path.exists():
         raise SystemExit(f"--resume {cfg.resume}: no config.json there (not a run directory)")
     saved = Config(**read_saved_config(path))
-    ignored = [f.name for f in dataclasses.fields(Config) if f.name not in ("resume", "iterations", "progress")
-               and getattr(cfg, f.name) != parser.get_default(f.name)]
+    ignored = sorted(given - {"resume", "iterations", "progress"})
     if ignored:
         print(f"[resume] ignoring {', '.join('--' + n.replace('_', '-') for n in ignored)}: "
-              f"a resumed run keeps its config.json", file=sys.stderr)
-    saved.resume, saved.run_dir, saved.progress = cfg.resume, cfg.resume, cfg.progress
-    if cfg.iterations != parser.get_default("iterations"):
+              f"a resumed run keeps its config.json (only --iterations and --progress are taken)", file=sys.stderr)
+    saved.resume, saved.run_dir = cfg.resume, cfg.resume
+    if "progress" in given:
+        saved.progress = cfg.progress
+    if "iterations" in given:
         saved.iterations = cfg.iterations
     return saved
 

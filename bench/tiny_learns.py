@@ -42,10 +42,15 @@ sys.path.insert(0, str(ROOT))
 # raised to what fits in the 15 minutes. Both sets are in the README.)
 ITERATIONS = 150
 BUDGET_MIN = 15   # the question's budget: the table also gives em at the last evaluation within it
-RECIPE = ["--model", "tiny-arith", "--dataset", "arith", "--prompts-per-iter", "32",
+RECIPE = ["--model", "tiny-arith", "--dataset", "arith", "--arith-terms", "3", "--prompts-per-iter", "32",
           "--samples-per-prompt", "4", "--temperature", "0.5", "--max-new-tokens", "40", "--lr", "1e-3",
-          "--kl-beta", "0", "--minibatch-size", "128", "--micro-batch-size", "32", "--gen-batch-size", "64",
+          "--kl-beta", "0", "--minibatch-size", "128", "--micro-batch-size", "64", "--gen-batch-size", "128",
           "--eval-every", "10", "--eval-limit", "500", "--eval-max-new-tokens", "40", "--no-progress", "--no-plots"]
+# The first tiny world's recipe (2-number problems, character tokens), for the documents that used it.
+RECIPE_V1 = ["--model", "tiny-arith-v1", "--dataset", "arith", "--prompts-per-iter", "32",
+             "--samples-per-prompt", "4", "--temperature", "0.5", "--max-new-tokens", "40", "--lr", "1e-3",
+             "--kl-beta", "0", "--minibatch-size", "128", "--micro-batch-size", "32", "--gen-batch-size", "64",
+             "--eval-every", "10", "--eval-limit", "500", "--eval-max-new-tokens", "40", "--no-progress", "--no-plots"]
 METHODS = {"ppo": ["--influence", "off"], "ippo": ["--influence", "on"]}
 # The critic settings before this change (the value head still starts at zero in both).
 VARIANTS = {"new": [], "old": ["--lam", "0.95", "--value-lr", RECIPE[RECIPE.index("--lr") + 1],

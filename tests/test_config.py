@@ -162,3 +162,19 @@ def test_config_json_round_trips_through_resume(tiny_dir, tmp_path):
     (tmp_path / "r" / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
     resumed = parse_config(["--resume", str(tmp_path / "r")])
     assert resumed.lr == 3e-5 and resumed.lora_targets == "q_proj,v_proj" and resumed.resume == str(tmp_path / "r")
+
+
+def test_resume_takes_iterations_even_at_the_default_value_and_names_what_it_ignores(tiny_dir, tmp_path, capsys):
+    from config import Config
+    cfg = parse_config(["--model", tiny_dir, "--run-dir", str(tmp_path / "r"), "--iterations", "7", "--no-progress"])
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    default_iterations = Config().iterations
+    resumed = parse_config(["--resume", str(tmp_path / "r"), "--iterations", str(default_iterations)])
+    assert resumed.iterations == default_iterations         # given, so taken, though equal to the default
+    assert resumed.progress is False                        # not given: the run's own
+    assert "ignoring" not in capsys.readouterr().err
+    resumed = parse_config(["--resume", str(tmp_path / "r"), "--lr", str(Config().lr), "--seed", "3"])
+    assert resumed.iterations == 7 and resumed.seed == cfg.seed
+    err = capsys.readouterr().err
+    assert "ignoring --lr, --seed" in err                   # named even when given at its default value
