@@ -213,10 +213,32 @@ def parse_config(argv=None) -> Config:
     add_config_flags(parser)
     args = parser.parse_args(argv)
     cfg = Config(**vars(args))
+    given = given_flags(parser, argv)
     if cfg.resume:
-        cfg = resumed_config(cfg, given_flags(parser, argv))
+        cfg = resumed_config(cfg, given)
+    else:
+        refuse_inert_flags(cfg, given)
     cfg.validate()
     return cfg
+
+
+def refuse_inert_flags(cfg: Config, given: set[str]) -> None:
+    """A flag given on the command line that the other settings make do nothing is refused,
+    naming both flags: a run directory should not record a setting that had no effect."""
+    inert = []
+    if cfg.advantage == "grpo":   # no critic, no GAE, no whitening
+        inert += [(name, "--advantage grpo", "GRPO has no critic and no GAE")
+                  for name in ("vf_coef", "gamma", "lam", "adv_std_floor", "value_clip_eps", "value_lr")]
+    if cfg.influence == "off":
+        inert += [(name, "--influence off", "nothing is scored")
+                  for name in ("stop_below_kept", "influence_method")]
+    if cfg.random_filter:
+        inert += [("reweight", "--random-filter", "the random control keeps its episodes at weight 1")]
+    if cfg.influence_method == "loop":
+        inert += [("passes", "--influence-method loop", "the per-episode loop always runs its own passes")]
+    for name, other, why in inert:
+        if name in given:
+            raise SystemExit(f"--{name.replace('_', '-')}: does nothing with {other} ({why}); leave it out")
 
 
 def given_flags(parser: argparse.ArgumentParser, argv=None) -> set[str]:

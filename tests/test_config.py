@@ -178,3 +178,28 @@ def test_resume_takes_iterations_even_at_the_default_value_and_names_what_it_ign
     assert resumed.iterations == 7 and resumed.seed == cfg.seed
     err = capsys.readouterr().err
     assert "ignoring --lr, --seed" in err                   # named even when given at its default value
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["--advantage", "grpo", "--vf-coef", "0.5"], ("--vf-coef", "--advantage grpo")),
+    (["--advantage", "grpo", "--gamma", "1.0"], ("--gamma", "--advantage grpo")),
+    (["--advantage", "grpo", "--lam", "1.0"], ("--lam", "--advantage grpo")),
+    (["--advantage", "grpo", "--adv-std-floor", "0.1"], ("--adv-std-floor", "--advantage grpo")),
+    (["--advantage", "grpo", "--value-clip-eps", "0.2"], ("--value-clip-eps", "--advantage grpo")),
+    (["--advantage", "grpo", "--value-lr", "1e-3"], ("--value-lr", "--advantage grpo")),
+    (["--influence", "off", "--stop-below-kept", "0.1"], ("--stop-below-kept", "--influence off")),
+    (["--influence", "off", "--influence-method", "loop"], ("--influence-method", "--influence off")),
+    (["--random-filter", "--reweight"], ("--reweight", "--random-filter")),
+    (["--random-filter", "--no-reweight"], ("--reweight", "--random-filter")),
+    (["--influence-method", "loop", "--passes", "shared"], ("--passes", "--influence-method loop")),
+])
+def test_flags_that_would_do_nothing_are_refused_naming_both(argv, named):
+    with pytest.raises(SystemExit) as err:
+        parse_config(argv)
+    assert all(flag in str(err.value) for flag in named), str(err.value)
+
+
+def test_the_same_flags_where_they_act_are_accepted():
+    for argv in (["--vf-coef", "0.5", "--gamma", "1.0"], ["--stop-below-kept", "0.1"], ["--no-reweight"],
+                 ["--influence-method", "loop"], ["--advantage", "grpo", "--passes", "separate"]):
+        parse_config(argv)
