@@ -114,8 +114,11 @@ class Config:
     # evaluation, output, reproducibility
     eval_every: int = flag(10, "greedy exact-match evaluation every K iterations, before the first and after the last (0 = off)")
     eval_limit: int = flag(50, "evaluate on the first K problems of the test split")
-    eval_split: str = flag("test", "what --eval-every evaluates: test (the test split) or val (the validation rows, "
-                           "for tuning settings without looking at the test split)", choices=("test", "val"))
+    eval_split: str = flag("test", "what --eval-every evaluates: test (the test split); dev (the --eval-limit "
+                           "training rows before the validation rows, then left out of training: for tuning settings "
+                           "without looking at the test split, with any method); val (the validation rows themselves: "
+                           "only with --influence off, since I-PPO's g_val is computed on them)",
+                           choices=("test", "dev", "val"))
     eval_max_new_tokens: int = flag(256, "response length limit for evaluation")
     run_dir: str = flag("", "where to write the run (default runs/<date>-<time>-ppo-influence, -ppo-plain or -sft)")
     resume: str = flag("", "continue the run in this directory from its latest checkpoint")
@@ -161,6 +164,9 @@ class Config:
              "needs --influence on (it drops as many episodes as the scores would)")
         need(not (self.influence == "off" and not self.reweight), "reweight",
              "--no-reweight needs --influence on")
+        need(not (self.eval_split == "val" and self.influence == "on" and self.algo == "ppo"), "eval_split",
+             "val evaluates on the rows whose SFT gradient g_val steers I-PPO's filter (a leak); "
+             "use --eval-split dev, held-out training rows that neither training nor g_val use")
 
     def targets(self) -> list[str]:
         """--lora-targets as a list of layer names."""
@@ -191,6 +197,9 @@ def check_against_data(cfg: Config, n_train_rows: int) -> None:
     if cfg.val_size >= n_train_rows:
         raise SystemExit(f"--val-size {cfg.val_size}: the training split has only {n_train_rows} rows "
                          "(the validation set is taken from it and some must remain to train on)")
+    if cfg.eval_split == "dev" and cfg.val_size + cfg.eval_limit >= n_train_rows:
+        raise SystemExit(f"--eval-split dev --eval-limit {cfg.eval_limit}: with --val-size {cfg.val_size}, the "
+                         f"training split's {n_train_rows} rows leave none to train on")
 
 
 def add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:

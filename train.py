@@ -604,10 +604,14 @@ def main(argv=None) -> Path:
     # Our choice: the validation set is the last val_size rows of the training split, the same
     # for every seed, and never used as a training prompt.
     train_examples, val_examples = train_task.examples[:-cfg.val_size], train_task.examples[-cfg.val_size:]
-    eval_examples = (test_task.examples if cfg.eval_split == "test" else val_examples)[:cfg.eval_limit]
+    if cfg.eval_split == "dev":   # held out from training too: rows that neither the update nor g_val sees
+        train_examples, eval_examples = train_examples[:-cfg.eval_limit], train_examples[-cfg.eval_limit:]
+    else:
+        eval_examples = (test_task.examples if cfg.eval_split == "test" else val_examples)[:cfg.eval_limit]
+    eval_source = {"test": test_task.source, "dev": "held-out training rows (before the validation rows)",
+                   "val": "the validation rows"}[cfg.eval_split]
     say(f"[data] train {len(train_examples)} + validation {len(val_examples)} rows from {train_task.source}; "
-        f"eval {len(eval_examples)} rows from " + (test_task.source if cfg.eval_split == "test" else
-                                                   "the validation rows"), file=sys.stderr)
+        f"eval {len(eval_examples)} rows from {eval_source}", file=sys.stderr)
     val_share = val_examples[slice(*dist.share(len(val_examples)))]   # all of them in one process
     val_seqs = encode_pairs(tokenizer, [make_prompt(e.question, cfg.dataset) for e in val_share],
                             [e.solution for e in val_share], device=policy.device)
@@ -623,7 +627,8 @@ def main(argv=None) -> Path:
         load_reference_adapter(policy, init_adapter)
     if dist.is_main:
         write_atomic(run_dir / "data.json", json.dumps({"train": train_task.source, "test": test_task.source,
-                                                        "val_rows": [e.where for e in val_examples]}, indent=2))
+                                                        "val_rows": [e.where for e in val_examples],
+                                                        "eval_rows": [e.where for e in eval_examples]}, indent=2))
 
     if start == 0 and cfg.eval_every:
         m = run_eval(cfg, policy, tokenizer, eval_examples, dist)

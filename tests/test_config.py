@@ -203,3 +203,20 @@ def test_the_same_flags_where_they_act_are_accepted():
     for argv in (["--vf-coef", "0.5", "--gamma", "1.0"], ["--stop-below-kept", "0.1"], ["--no-reweight"],
                  ["--influence-method", "loop"], ["--advantage", "grpo", "--passes", "separate"]):
         parse_config(argv)
+
+
+def test_eval_split_val_is_refused_under_i_ppo_and_dev_holds_out_rows_from_everything(tiny_dir, tmp_path):
+    with pytest.raises(SystemExit, match="--eval-split.*g_val.*--eval-split dev"):
+        parse_config(["--eval-split", "val"])
+    parse_config(["--eval-split", "val", "--influence", "off"])
+    run_dir = train.main(["--model", tiny_dir, "--run-dir", str(tmp_path / "r"), "--eval-split", "dev",
+                          "--eval-limit", "3", "--val-size", "4", "--iterations", "2", "--eval-every", "1",
+                          "--prompts-per-iter", "8", "--samples-per-prompt", "2", "--max-new-tokens", "4",
+                          "--eval-max-new-tokens", "4", "--data-source", "local", "--no-progress", "--no-plots"])
+    rows = json.loads((run_dir / "data.json").read_text())
+    assert len(rows["eval_rows"]) == 3 and len(rows["val_rows"]) == 4
+    assert not set(rows["eval_rows"]) & set(rows["val_rows"])
+    trained = {json.loads(line)["prompt"] for line in (run_dir / "episodes.jsonl").read_text().splitlines()}
+    from data import load_task
+    by_where = {e.where: e.question for e in load_task("gsm8k", "train", "local").examples}
+    assert not trained & {by_where[w] for w in rows["eval_rows"] + rows["val_rows"]}
