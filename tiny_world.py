@@ -75,9 +75,9 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "tiny-arith-v2"
 # The shipped files of tiny-arith, as built by `python tiny_world.py --world v2 --out DIR`
 # (see build.json in that folder). A file that differs is refused at load.
 SHIPPED_SHA256 = {
-    "model.safetensors": None,
-    "tokenizer.json": None,
-    "config.json": None,
+    "model.safetensors": "0e206366c326646c41ddc336297faf0283811189426fd0b8c82ec48632e7f581",
+    "tokenizer.json": "a70f13eaea7e874c1f9267cf5188cf4ece329828978cfefb90995e784a0ef7d7",
+    "config.json": "32418b20e05e1e3e38b13608838b7195290dbd2edcb755205f275e6d59155131",
 }
 
 

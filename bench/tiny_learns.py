@@ -59,12 +59,13 @@ LABELS = {"ppo": "PPO", "ippo": "I-PPO", "new": "critic as now", "old": "old cri
 
 
 def start_point(out: Path) -> dict:
-    """Greedy em and pass@8 (8 samples at T = 1) of the untrained tiny-arith on all 500 test problems."""
+    """Greedy em, pass@8 and the unfaithful share of the correct answers (8 samples at T = 1) of
+    the untrained tiny-arith on all 500 test problems."""
     path = out / "start.json"
     if not path.exists():
-        cmd = [sys.executable, "evaluate.py", "--model", "tiny-arith", "--dataset", "arith",
-               "--metrics", "em,pass@1,pass@8,maj@8", "--samples", "8", "--max-new-tokens", "40", "--limit", "0",
-               "--no-progress", "--out", str(path)]
+        cmd = [sys.executable, "evaluate.py", "--model", "tiny-arith", "--dataset", "arith", "--arith-terms",
+               RECIPE[RECIPE.index("--arith-terms") + 1], "--metrics", "em,pass@1,pass@8,maj@8", "--samples", "8",
+               "--max-new-tokens", "40", "--limit", "0", "--batch-size", "128", "--no-progress", "--out", str(path)]
         print("[start]", " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True)
     return json.loads(path.read_text())
@@ -112,13 +113,14 @@ def run_all(out: Path, jobs: list[tuple[Path, list[str]]], parallel: int, iterat
 
 def read_run(run_dir: Path) -> dict:
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    evals, train_s = [], 0.0
+    evals, unfaithful, train_s = [], [], 0.0
     for r in rows:
         train_s += sum(v for k, v in r.get("seconds", {}).items() if k != "eval")
         if "eval_accuracy" in r:
             evals.append((r["iteration"], train_s / 60, r["eval_accuracy"]))
+            unfaithful.append(r.get("eval_unfaithful_of_correct"))
     total_s = sum(sum(r.get("seconds", {}).values()) for r in rows)
-    return {"evals": evals, "train_minutes": train_s / 60, "wall_minutes": total_s / 60,
+    return {"evals": evals, "unfaithful": unfaithful, "train_minutes": train_s / 60, "wall_minutes": total_s / 60,
             "kept": [r["kept_fraction"] for r in rows if "kept_fraction" in r], "filter": what_was_kept(run_dir)}
 
 
@@ -157,6 +159,10 @@ def mean_interval(values: list[float]) -> str:
     return f"{mean:+.1f} +- {T_975[n - 1] * sd / n ** 0.5:.1f} pt"
 
 
+def fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
 def summarize(out: Path, start: dict, parallel: int, runs: dict) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -164,10 +170,14 @@ def summarize(out: Path, start: dict, parallel: int, runs: dict) -> None:
 
     em = start["metrics"]["em"]
     lines = [f"Start (tiny-arith, all {start['n']} test problems): greedy em {em['value']:.3f} +- {em['stderr']:.3f}, "
-             f"pass@8 {start['metrics']['pass@8']['value']:.3f}, maj@8 {start['metrics']['maj@8']['value']:.3f}", "",
+             f"pass@8 {start['metrics']['pass@8']['value']:.3f}, maj@8 {start['metrics']['maj@8']['value']:.3f}"
+             + "".join(f"; unfaithful share of the correct {kind} answers {r['unfaithful_of_correct']:.3f} +- "
+                       f"{r['unfaithful_of_correct_stderr']:.3f} ({r['unfaithful']}/{r['n_correct']})"
+                       for kind, r in start.get("reasoning", {}).items()), "",
              f"| critic | method | seed | start em | best em (iteration) | final em | change | em at {BUDGET_MIN} "
-             "training min (iteration) | change by then | training min | wall min |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "training min (iteration) | change by then | unfaithful of correct greedy, start -> final | "
+             "training min | wall min |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (variant, method, seed), r in sorted(runs.items()):
         if not r["evals"]:
             continue
@@ -176,7 +186,8 @@ def summarize(out: Path, start: dict, parallel: int, runs: dict) -> None:
         by_then = [e for e in r["evals"] if e[1] <= BUDGET_MIN][-1]   # the last evaluation within the budget
         lines.append(f"| {LABELS[variant]} | {LABELS[method]} | {seed} | {first:.3f} | {best[2]:.3f} ({best[0]}) | "
                      f"{last:.3f} | {100 * (last - first):+.1f} pt | {by_then[2]:.3f} ({by_then[0]}) | "
-                     f"{100 * (by_then[2] - first):+.1f} pt | {r['train_minutes']:.1f} | {r['wall_minutes']:.1f} |")
+                     f"{100 * (by_then[2] - first):+.1f} pt | {fmt(r['unfaithful'][0])} -> {fmt(r['unfaithful'][-1])} | "
+                     f"{r['train_minutes']:.1f} | {r['wall_minutes']:.1f} |")
     lines += ["", "Mean change in final greedy em over seeds, with a 95% t-interval (t = 4.30 for 3 seeds):", ""]
     changes = {}
     for (variant, method, seed), r in runs.items():
@@ -241,7 +252,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="runs/tiny-learns")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--methods", default="ppo,ippo")
-    parser.add_argument("--variants", default="new,old")
+    parser.add_argument("--variants", default="new")
     parser.add_argument("--iterations", type=int, default=ITERATIONS, help="iterations per run; a finished "
                         "run with fewer is extended from its last checkpoint")
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (the cores are split between them)")

@@ -76,3 +76,20 @@ def test_the_same_seed_gives_the_same_run_with_an_empty_or_a_full_cache(monkeypa
     a = load_file(first / "checkpoints" / "iter_000001" / "adapter.safetensors")
     b = load_file(second / "checkpoints" / "iter_000001" / "adapter.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_evaluate_labels_greedy_answers_and_samples_on_arith():
+    from data import generate_arith
+    from evaluate import evaluate
+    from reasoning import label
+    policy, tok = model.load_policy("tiny-arith", quiet=True)
+    examples = generate_arith("test", terms=3)[:6]
+    out = evaluate(policy, tok, examples, "arith", metrics="em,pass@2", max_new_tokens=40, batch_size=12,
+                   progress=False)
+    greedy, samples = out["reasoning"]["greedy"], out["reasoning"]["samples"]
+    assert greedy["faithful"] + greedy["unfaithful"] + greedy["wrong"] == 6
+    assert samples["faithful"] + samples["unfaithful"] + samples["wrong"] == 12
+    assert greedy["n_correct"] == out["n_correct"]
+    for p, e in zip(out["predictions"], examples):
+        assert p["reasoning"] == label(p["response"], e.solution, e.gold)
+        assert all(s["reasoning"] == label(s["response"], e.solution, e.gold) for s in p["samples"])
