@@ -114,8 +114,11 @@ class Config:
     # evaluation, output, reproducibility
     eval_every: int = flag(10, "greedy exact-match evaluation every K iterations, before the first and after the last (0 = off)")
     eval_limit: int = flag(50, "evaluate on the first K problems of the test split")
-    eval_split: str = flag("test", "what --eval-every evaluates: test (the test split) or val (the validation rows, "
-                           "for tuning settings without looking at the test split)", choices=("test", "val"))
+    eval_split: str = flag("test", "what --eval-every evaluates: test (the test split); dev (the --eval-limit "
+                           "training rows before the validation rows, then left out of training: for tuning settings "
+                           "without looking at the test split, with any method); val (the validation rows themselves: "
+                           "only with --influence off, since I-PPO's g_val is computed on them)",
+                           choices=("test", "dev", "val"))
     eval_max_new_tokens: int = flag(256, "response length limit for evaluation")
     run_dir: str = flag("", "where to write the run (default runs/<date>-<time>-ppo-influence, -ppo-plain or -sft)")
     resume: str = flag("", "continue the run in this directory from its latest checkpoint")
@@ -161,6 +164,9 @@ class Config:
              "needs --influence on (it drops as many episodes as the scores would)")
         need(not (self.influence == "off" and not self.reweight), "reweight",
              "--no-reweight needs --influence on")
+        need(not (self.eval_split == "val" and self.influence == "on" and self.algo == "ppo"), "eval_split",
+             "val evaluates on the rows whose SFT gradient g_val steers I-PPO's filter (a leak); "
+             "use --eval-split dev, held-out training rows that neither training nor g_val use")
 
     def targets(self) -> list[str]:
         """--lora-targets as a list of layer names."""
@@ -191,6 +197,9 @@ def check_against_data(cfg: Config, n_train_rows: int) -> None:
     if cfg.val_size >= n_train_rows:
         raise SystemExit(f"--val-size {cfg.val_size}: the training split has only {n_train_rows} rows "
                          "(the validation set is taken from it and some must remain to train on)")
+    if cfg.eval_split == "dev" and cfg.val_size + cfg.eval_limit >= n_train_rows:
+        raise SystemExit(f"--eval-split dev --eval-limit {cfg.eval_limit}: with --val-size {cfg.val_size}, the "
+                         f"training split's {n_train_rows} rows leave none to train on")
 
 
 def add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
@@ -213,25 +222,62 @@ def parse_config(argv=None) -> Config:
     add_config_flags(parser)
     args = parser.parse_args(argv)
     cfg = Config(**vars(args))
+    given = given_flags(parser, argv)
     if cfg.resume:
-        cfg = resumed_config(cfg, parser)
+        cfg = resumed_config(cfg, given)
+    else:
+        refuse_inert_flags(cfg, given)
     cfg.validate()
     return cfg
 
 
-def resumed_config(cfg: Config, parser) -> Config:
-    """--resume uses the run's saved config.json; only --iterations may be changed."""
+def refuse_inert_flags(cfg: Config, given: set[str]) -> None:
+    """A flag given on the command line that the other settings make do nothing is refused,
+    naming both flags: a run directory should not record a setting that had no effect."""
+    inert = []
+    if cfg.advantage == "grpo":   # no critic, no GAE, no whitening
+        inert += [(name, "--advantage grpo", "GRPO has no critic and no GAE")
+                  for name in ("vf_coef", "gamma", "lam", "adv_std_floor", "value_clip_eps", "value_lr")]
+    if cfg.influence == "off":
+        inert += [(name, "--influence off", "nothing is scored")
+                  for name in ("stop_below_kept", "influence_method")]
+    if cfg.random_filter:
+        inert += [("reweight", "--random-filter", "the random control keeps its episodes at weight 1")]
+    if cfg.influence_method == "loop":
+        inert += [("passes", "--influence-method loop", "the per-episode loop always runs its own passes")]
+    for name, other, why in inert:
+        if name in given:
+            raise SystemExit(f"--{name.replace('_', '-')}: does nothing with {other} ({why}); leave it out")
+
+
+def given_flags(parser: argparse.ArgumentParser, argv=None) -> set[str]:
+    """The fields whose flags `argv` actually names, whatever their values (a flag given with
+    its default value counts as given): argv parsed again with every default suppressed."""
+    defaults = {action: action.default for action in parser._actions}
+    try:
+        for action in defaults:
+            action.default = argparse.SUPPRESS
+        return set(vars(parser.parse_args(argv)))
+    finally:
+        for action, default in defaults.items():
+            action.default = default
+
+
+def resumed_config(cfg: Config, given: set[str]) -> Config:
+    """--resume uses the run's saved config.json; only --iterations (and --progress) given on
+    the command line change it. Every other flag given is named as ignored."""
     path = Path(cfg.resume) / "config.json"
     if not path.exists():
         raise SystemExit(f"--resume {cfg.resume}: no config.json there (not a run directory)")
     saved = Config(**read_saved_config(path))
-    ignored = [f.name for f in dataclasses.fields(Config) if f.name not in ("resume", "iterations", "progress")
-               and getattr(cfg, f.name) != parser.get_default(f.name)]
+    ignored = sorted(given - {"resume", "iterations", "progress"})
     if ignored:
         print(f"[resume] ignoring {', '.join('--' + n.replace('_', '-') for n in ignored)}: "
-              f"a resumed run keeps its config.json", file=sys.stderr)
-    saved.resume, saved.run_dir, saved.progress = cfg.resume, cfg.resume, cfg.progress
-    if cfg.iterations != parser.get_default("iterations"):
+              f"a resumed run keeps its config.json (only --iterations and --progress are taken)", file=sys.stderr)
+    saved.resume, saved.run_dir = cfg.resume, cfg.resume
+    if "progress" in given:
+        saved.progress = cfg.progress
+    if "iterations" in given:
         saved.iterations = cfg.iterations
     return saved
 

@@ -38,6 +38,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from reward import MATH_TASKS, check_task, last_boxed, normalize_number, strip_math_delimiters
 
@@ -63,6 +64,8 @@ class Example:
                     # ("69,84"), which is how OlympiadBench writes them and which math-verify reads
                     # as a set; ecqa: letter and text of the right option ("B) ignorance")
     where: str      # "file:line" or "hub:openai/gsm8k/train[i]", for error messages
+    story: int | None = None   # arith: the index of its story in ARITH_STORIES (the tiny world's
+                               # shortcut solutions are planted by story); None elsewhere
 
 
 @dataclass
@@ -272,10 +275,17 @@ ARITH_TEST_BUCKETS = 10                           # one key in ten belongs to th
 ARITH_MAX_DIGITS = 12
 ARITH_MAX_TERMS = 8
 
-# Stories: (opening, items, additions, subtractions, question). The opening holds the start
-# number; each step is "verb phrase {n}", so the word before a number says whether it adds or
-# takes away.
-_ARITH_STORIES = (
+# Stories. The opening holds the start number; each step is "verb phrase {n}", so the word
+# before a number says whether it adds or takes away.
+class Story(NamedTuple):
+    opening: str
+    items: tuple[str, ...]
+    additions: tuple[str, ...]
+    subtractions: tuple[str, ...]
+    question: str
+
+
+ARITH_STORIES = tuple(Story(*story) for story in (
     ("{name} has {n} {item} and", ("apples", "marbles", "stickers", "stamps", "shells", "pencils", "cards"),
      ("buys {n} more", "finds {n} more", "is given {n} more"), ("gives away {n}", "loses {n}", "sells {n}"),
      "How many {item} does {name} have now?"),
@@ -288,8 +298,8 @@ _ARITH_STORIES = (
      "How many {item} does {name} have now?"),
     ("A library shelf holds {n} {item}. The librarian", ("books",), ("puts back {n} more", "adds {n} more"),
      ("lends out {n}", "removes {n}"), "How many {item} are on the shelf now?"),
-)
-_ARITH_NAMES = ("Tom", "Ana", "Ravi", "Mia", "Lena", "Omar", "Kenji", "Sara", "Paul", "Zoe")
+))
+ARITH_NAMES = ("Tom", "Ana", "Ravi", "Mia", "Lena", "Omar", "Kenji", "Sara", "Paul", "Zoe")
 
 
 def _check_arith_knobs(digits: int, terms: int) -> None:
@@ -337,8 +347,9 @@ def _draw_arith(rng: random.Random, digits: int, terms: int) -> tuple[list[int],
 
 def _arith_example(rng: random.Random, numbers: list[int], signs: list[str], where: str) -> Example:
     """The problem told as a story, and its step-by-step solution ending in '#### N'."""
-    opening, items, additions, subtractions, question = rng.choice(_ARITH_STORIES)
-    name, item = rng.choice(_ARITH_NAMES), rng.choice(items)
+    story = rng.choice(range(len(ARITH_STORIES)))   # the same draw as rng.choice(ARITH_STORIES)
+    opening, items, additions, subtractions, question = ARITH_STORIES[story]
+    name, item = rng.choice(ARITH_NAMES), rng.choice(items)
     steps = [rng.choice(additions if sign == "+" else subtractions).format(n=n)
              for sign, n in zip(signs, numbers[1:])]
     text = (f"{opening.format(name=name, n=numbers[0], item=item)} {', then '.join(steps)}. "
@@ -348,7 +359,20 @@ def _arith_example(rng: random.Random, numbers: list[int], signs: list[str], whe
         after = total + n if sign == "+" else total - n
         lines.append(f"{total} {sign} {n} = {after}.")
         total = after
-    return Example(text, "\n".join(lines) + f"\n#### {total}", str(total), where)
+    return Example(text, "\n".join(lines) + f"\n#### {total}", str(total), where, story)
+
+
+_STEP_LINE = re.compile(r"^\s*(\d+)\s*([+-])\s*(\d+)\s*=\s*(\d+)\.?\s*$")
+
+
+def arith_steps(solution: str) -> list[tuple[int, str, int, int]]:
+    """The step lines "23 + 45 = 68." of an arith solution as (left, sign, right, result)."""
+    steps = []
+    for line in solution.splitlines():
+        match = _STEP_LINE.match(line)
+        if match:
+            steps.append((int(match[1]), match[2], int(match[3]), int(match[4])))
+    return steps
 
 
 def generate_arith(split: str, seed: int = ARITH_SEED, digits: int = ARITH_DIGITS, terms: int = ARITH_TERMS,

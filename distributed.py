@@ -29,6 +29,7 @@ Public:
     Dist.gather_objects(xs)  lists of Python objects from every rank, concatenated in rank order
     Dist.sum_grads(params)   sum .grad over ranks
     Dist.broadcast(obj)      rank 0's Python object on every rank
+    Dist.broadcast_tensors(ts)  rank 0's tensors, in place, on every rank; then checked equal
     Dist.share(n)            (start, stop) of this rank's contiguous share of n items
     Dist.barrier()           wait for every rank
     Dist.close()             wait for every rank, then leave the process group (end of a run)
@@ -107,6 +108,22 @@ class Dist:
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def broadcast_tensors(self, tensors) -> None:
+        """Copy rank 0's values into every rank's `tensors` (the trainable parameters at the start
+        of a run), then check that all ranks hold the same numbers: a float64 checksum per rank,
+        gathered and compared. Raises RuntimeError naming the ranks that differ."""
+        if not self.active:
+            return
+        with torch.no_grad():
+            for t in tensors:
+                dist.broadcast(t.data, src=0)
+            checksum = torch.stack([torch.stack([t.double().sum(), t.double().square().sum()]) for t in tensors])
+        sums = self.cat(checksum.flatten())
+        sums = sums.view(self.world, -1)
+        differ = [r for r in range(self.world) if not torch.equal(sums[r], sums[0])]
+        if differ:
+            raise RuntimeError(f"torchrun: ranks {differ} do not hold rank 0's trainable parameters after the broadcast")
 
     def share(self, n: int) -> tuple[int, int]:
         """Rank r gets items [start, stop): contiguous, sizes differ by at most one."""

@@ -38,6 +38,7 @@ from tqdm import tqdm
 from transformers import GenerationConfig
 
 import data
+import reasoning
 import reward
 from model import OFFLINE_DEFAULT, eos_token_ids, load_adapter, load_policy, read_adapter_config
 from rollout import encode_prompts, plain_generate
@@ -222,6 +223,8 @@ def evaluate(policy, tokenizer, examples, task: str, *, metrics="em", samples: i
 
     results = score_predictions(predictions, metrics, task)
     out = {"n": len(predictions), "n_samples": n_samples, "metrics": results}
+    if task == "arith":
+        out["reasoning"] = reasoning_summary(predictions, examples)
     if n_samples:
         out["n_sample_unparsed"] = sum(s["pred"] is None for p in predictions for s in p["samples"])
         out["n_sample_truncated"] = sum(s["truncated"] for p in predictions for s in p["samples"])
@@ -231,6 +234,29 @@ def evaluate(policy, tokenizer, examples, task: str, *, metrics="em", samples: i
                 "n_unparsed": em["n_unparsed"], "n_truncated": em["n_truncated"]}
     out["predictions"] = predictions
     return out
+
+
+def reasoning_summary(predictions: list[dict], examples) -> dict:
+    """arith: label every greedy response and sample (reasoning.label: faithful, unfaithful,
+    wrong; stored in its record as "reasoning") and count the labels, for the greedy responses
+    and for the samples, with the unfaithful share of the correct ones and its standard error
+    (binomial over the correct responses; samples of one problem are not independent, so for
+    "samples" it is a lower bound)."""
+    summary = {}
+    for kind in ("greedy", "samples"):
+        records = ([(p, e) for p, e in zip(predictions, examples) if "response" in p] if kind == "greedy" else
+                   [(s, e) for p, e in zip(predictions, examples) for s in p.get("samples", [])])
+        if not records:
+            continue
+        for record, e in records:
+            record["reasoning"] = reasoning.label(record["response"], e.solution, e.gold)
+        counts = reasoning.label_counts([record["reasoning"] for record, _ in records])
+        n_correct = counts["faithful"] + counts["unfaithful"]
+        share = counts["unfaithful_of_correct"]
+        summary[kind] = counts | {"n_correct": n_correct,
+                                  "unfaithful_of_correct_stderr": None if share is None else
+                                  binomial_stderr(share, n_correct)}
+    return summary
 
 
 # ----------------------------------------------------------------------------- loading and CLI
@@ -345,6 +371,11 @@ def main(argv=None) -> dict:
     label = f"{args.dataset}/{args.split}"
     for name, m in result["metrics"].items():
         print(summary_line(label, name, m, result["n"], result["n_samples"]))
+    for kind, r in result.get("reasoning", {}).items():
+        if r["unfaithful_of_correct"] is not None:
+            print(f"[eval] {label} unfaithful share of the correct {kind} answers: {r['unfaithful_of_correct']:.3f} "
+                  f"+- {r['unfaithful_of_correct_stderr']:.3f} ({r['unfaithful']}/{r['n_correct']}; "
+                  f"faithful {r['faithful']}, wrong {r['wrong']})")
     print(f"[eval] {result['n']} problems in {seconds:.0f}s -> {args.out}")
     return out
 

@@ -10,7 +10,8 @@ policy pi_ref, so no second copy of the model is kept. A run that starts from an
 Public functions:
     load_policy(model, ...)        -> (Policy, tokenizer): hub id, local directory, or one of
                                       the offline models "gemma-3-270m" (the default) and
-                                      "tiny-arith" (built from scratch, tiny_world.py)
+                                      "tiny-arith" (the tiny world, shipped in data/;
+                                      "tiny-arith-v1" the first tiny world, built on first use)
     model_source(model)            -> where from_pretrained reads `model` (an offline model is
                                       converted or built, then cached, on first use)
     inspect_model(model, ...)      -> ModelInfo (context length, linear layer names) from the
@@ -42,7 +43,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from tiny_world import TINY_MODEL, tiny_arith_dir
+from tiny_world import TINY_MODEL, WORLDS, tiny_arith_dir
 
 OFFLINE_DEFAULT = "gemma-3-270m"
 # Where the de-quantised offline model is cached; override with IPPO_CACHE.
@@ -53,7 +54,8 @@ class LoRALinear(nn.Module):
     """y = W0 x + b0 + (alpha / rank) * B (A x), with W0, b0 frozen.
 
     A starts random and B at zero, so a fresh adapter leaves the model unchanged.
-    The adapter weights are fp32 whatever the base dtype (STYLE rule 8).
+    The adapter weights are fp32 whatever the base dtype (the weights that scores and optimizer
+    state are computed from stay in full precision).
     """
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float):
@@ -235,12 +237,13 @@ def _offline_default_dir() -> Path:
 
 
 def model_source(model: str) -> str | Path:
-    """Where from_pretrained reads `model`: one of the two offline models (converted or built
-    once, then cached), or the id/path itself."""
+    """Where from_pretrained reads `model`: one of the offline models (the 270M converted once
+    and cached; tiny-arith shipped and checked; tiny-arith-v1 built once and cached), or the
+    id/path itself."""
     if model == OFFLINE_DEFAULT:
         return _offline_default_dir()
-    if model == TINY_MODEL:
-        return tiny_arith_dir(CACHE_DIR)
+    if model in WORLDS:
+        return tiny_arith_dir(model, CACHE_DIR)
     return model
 
 
@@ -280,7 +283,7 @@ def load_policy(model: str = OFFLINE_DEFAULT, *, device: str = "auto", dtype: st
 
     `model` is a hub id (e.g. google/gemma-3-1b-it), a local directory written by
     save_pretrained, "gemma-3-270m" for the bundled offline default, or "tiny-arith" for the
-    tiny world's model (tiny_world.py).
+    tiny world's model ("tiny-arith-v1": the first tiny world; tiny_world.py).
     Returns (policy, tokenizer); policy.device and policy.dtype say where it lives.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -292,7 +295,8 @@ def load_policy(model: str = OFFLINE_DEFAULT, *, device: str = "auto", dtype: st
     t0 = time.time()
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        # Eager attention is the safe choice for training Gemma-3 (DESIGN.md).
+        # Eager attention: the implementation Gemma-3 is trained with; transformers recommends it
+        # over sdpa for training Gemma-3.
         lm = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager",
                                                   trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:

@@ -49,6 +49,8 @@ from model import adapters_disabled, inspect_model, load_adapter, load_policy, l
 from ppo import (approx_kl, clip_fraction, explained_variance, gae, group_advantages, kl_penalized_rewards, masked_mean,
                  policy_loss, value_loss, whiten)
 from report import write_plots, write_report
+from reasoning import LABELS
+from reasoning import label as reasoning_label
 from reward import extract_answer, is_correct, reward_fn
 from rollout import encode_pairs, generate_rollouts, token_logprobs
 from rundir import (append_jsonl, commit_iteration, last_good_checkpoint_on_fault, latest_checkpoint, open_run_dir,
@@ -357,6 +359,9 @@ def iteration_records(it, cfg: Config, examples, rollouts, scores, flipped, kl, 
     golds = [examples[j].gold for j in rollouts.prompt_index]
     answers = [extract_answer(t, cfg.dataset) for t in rollouts.responses]
     correct = [is_correct(a, g, cfg.dataset) for a, g in zip(answers, golds)]
+    # arith: is the reasoning behind each answer faithful (reasoning.py)? None on other tasks.
+    labels = ([reasoning_label(t, examples[j].solution, examples[j].gold)
+               for t, j in zip(rollouts.responses, rollouts.prompt_index)] if cfg.dataset == "arith" else None)
     warnings = batch_warnings(cfg, dist.cat(scores), dist.cat(rollouts.truncated.to(mask.device, torch.float32)).bool(),
                               n_kept)
     for what in warnings.values():
@@ -377,6 +382,13 @@ def iteration_records(it, cfg: Config, examples, rollouts, scores, flipped, kl, 
         **({} if kl is None else {"kl": total["kl"] / max(total["tokens"], 1.0)}),
         **{k: v for k, v in influence.items() if k != "scores"}, **update,
     }
+    if labels is not None:
+        counts = dict(zip(LABELS, dist.sum(torch.tensor([labels.count(name) for name in LABELS], dtype=torch.float64,
+                                                        device=mask.device)).tolist()))
+        n_correct = counts["faithful"] + counts["unfaithful"]
+        # shares of all episodes, and the unfaithful share of the correct ones (None: none correct)
+        metrics |= {f"{name}_fraction": counts[name] / total["episodes"] for name in LABELS}
+        metrics["unfaithful_of_correct"] = counts["unfaithful"] / n_correct if n_correct else None
     if cfg.reward_noise > 0:
         metrics |= noise_metrics(dist.cat(torch.tensor(flipped, dtype=torch.float32, device=mask.device)).bool(),
                                  dist.cat(keep.float()).bool(),
@@ -387,7 +399,8 @@ def iteration_records(it, cfg: Config, examples, rollouts, scores, flipped, kl, 
     episodes = [{"iteration": it + 1, "prompt": examples[j].question, "gold": golds[i], "response": rollouts.responses[i],
                  "answer": answers[i], "reward": scores[i].item(), "truncated": bool(rollouts.truncated[i]),
                  "score": influence["scores"][i] if "scores" in influence else None,
-                 "kept": bool(keep[i]), "weight": weights[i].item(), "flipped": flipped[i]}
+                 "kept": bool(keep[i]), "weight": weights[i].item(), "flipped": flipped[i],
+                 "reasoning": None if labels is None else labels[i]}
                 for i, j in enumerate(rollouts.prompt_index)]
     return metrics, dist.gather_objects(episodes)
 
@@ -501,6 +514,8 @@ def log_line(it: int, cfg: Config, m: dict, seconds: dict) -> str:
                      f"clip {m['clip_fraction']:.3f} akl {m['approx_kl']:.4f} ratio0 {m['ratio_first_max']:.3f}")
         ev = m["explained_variance"]
         body += f" | adv {m['advantage_mean']:+.3f} ev " + ("n/a" if ev is None else f"{ev:+.2f}")
+        if m.get("unfaithful_of_correct") is not None:   # arith: unfaithful share of the correct episodes
+            body += f" | unf {m['unfaithful_of_correct']:.2f}"
         if "flipped_fraction" in m:  # --reward-noise
             body += f" | flipped {m['flipped_fraction']:.2f}"
             if m.get("flip_auc") is not None:
@@ -510,23 +525,31 @@ def log_line(it: int, cfg: Config, m: dict, seconds: dict) -> str:
         line += f" | warnings: {','.join(m['warnings'])}"
     if "eval_accuracy" in m:
         line += f" | eval acc {m['eval_accuracy']:.3f} ({m['eval_n']} problems)"
+        if m.get("eval_unfaithful_of_correct") is not None:
+            line += f" unf {m['eval_unfaithful_of_correct']:.2f}"
     return line
 
 
 def run_eval(cfg, policy, tokenizer, eval_examples, dist: Dist = SINGLE) -> dict:
     """Greedy exact match on eval_examples (under torchrun each rank takes its share and the
-    counts are summed)."""
+    counts are summed); on arith also the unfaithful share of the correct greedy answers
+    (reasoning.py)."""
     mine = eval_examples[slice(*dist.share(len(eval_examples)))]
-    counts = torch.zeros(4, dtype=torch.float64, device=policy.device)   # correct, n, unparsed, truncated
+    # correct, n, unparsed, truncated, unfaithful (of the correct)
+    counts = torch.zeros(5, dtype=torch.float64, device=policy.device)
     if mine:
         r = evaluate(policy, tokenizer, mine, cfg.dataset, max_new_tokens=cfg.eval_max_new_tokens,
                      batch_size=cfg.gen_batch_size, progress=cfg.progress)
-        counts += torch.tensor([r["n_correct"], r["n"], r["n_unparsed"], r["n_truncated"]],
+        unfaithful = r["reasoning"]["greedy"]["unfaithful"] if "reasoning" in r else 0
+        counts += torch.tensor([r["n_correct"], r["n"], r["n_unparsed"], r["n_truncated"], unfaithful],
                                dtype=torch.float64, device=counts.device)
-    n_correct, n, n_unparsed, n_truncated = dist.sum(counts).tolist()
+    n_correct, n, n_unparsed, n_truncated, n_unfaithful = dist.sum(counts).tolist()
     accuracy = n_correct / max(n, 1)
-    return {"eval_accuracy": accuracy, "eval_stderr": math.sqrt(accuracy * (1 - accuracy) / max(n, 1)),
-            "eval_n": int(n), "eval_unparsed": int(n_unparsed), "eval_truncated": int(n_truncated)}
+    out = {"eval_accuracy": accuracy, "eval_stderr": math.sqrt(accuracy * (1 - accuracy) / max(n, 1)),
+           "eval_n": int(n), "eval_unparsed": int(n_unparsed), "eval_truncated": int(n_truncated)}
+    if cfg.dataset == "arith":
+        out["eval_unfaithful_of_correct"] = n_unfaithful / n_correct if n_correct else None
+    return out
 
 
 # ----------------------------------------------------------------------------- main
@@ -542,7 +565,6 @@ def main(argv=None) -> Path:
     dist = setup_distributed()
     cfg = parse_config(argv)
     check_against_world(cfg, dist.world)
-    torch.manual_seed(cfg.seed)
     if not dist.is_main:
         dist.barrier()  # rank 0 first: on first use it converts the offline model, once
     check_against_model(cfg, inspect_model(cfg.model, cfg.trust_remote_code))
@@ -569,18 +591,27 @@ def main(argv=None) -> Path:
     if dist.active:
         say(f"[torchrun] {dist.world} processes, backend {dist.backend}", file=sys.stderr)
 
+    # Seeded here, after everything that may build or convert a model on first use: the LoRA
+    # initialisation is the first draw of the run, whether the model was just built or cached.
+    torch.manual_seed(cfg.seed)
     policy, tokenizer = load_policy(cfg.model, device=cfg.device, dtype=cfg.dtype, lora_targets=cfg.targets(),
                                     lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                                     trust_remote_code=cfg.trust_remote_code, quiet=not dist.is_main)
+    # Every rank starts from rank 0's trainable tensors (equal already when the seeds agree), checked.
+    dist.broadcast_tensors([p for p in policy.parameters() if p.requires_grad])
     optimizer = make_optimizer(cfg, policy)
 
     # Our choice: the validation set is the last val_size rows of the training split, the same
     # for every seed, and never used as a training prompt.
     train_examples, val_examples = train_task.examples[:-cfg.val_size], train_task.examples[-cfg.val_size:]
-    eval_examples = (test_task.examples if cfg.eval_split == "test" else val_examples)[:cfg.eval_limit]
+    if cfg.eval_split == "dev":   # held out from training too: rows that neither the update nor g_val sees
+        train_examples, eval_examples = train_examples[:-cfg.eval_limit], train_examples[-cfg.eval_limit:]
+    else:
+        eval_examples = (test_task.examples if cfg.eval_split == "test" else val_examples)[:cfg.eval_limit]
+    eval_source = {"test": test_task.source, "dev": "held-out training rows (before the validation rows)",
+                   "val": "the validation rows"}[cfg.eval_split]
     say(f"[data] train {len(train_examples)} + validation {len(val_examples)} rows from {train_task.source}; "
-        f"eval {len(eval_examples)} rows from " + (test_task.source if cfg.eval_split == "test" else
-                                                   "the validation rows"), file=sys.stderr)
+        f"eval {len(eval_examples)} rows from {eval_source}", file=sys.stderr)
     val_share = val_examples[slice(*dist.share(len(val_examples)))]   # all of them in one process
     val_seqs = encode_pairs(tokenizer, [make_prompt(e.question, cfg.dataset) for e in val_share],
                             [e.solution for e in val_share], device=policy.device)
@@ -596,13 +627,16 @@ def main(argv=None) -> Path:
         load_reference_adapter(policy, init_adapter)
     if dist.is_main:
         write_atomic(run_dir / "data.json", json.dumps({"train": train_task.source, "test": test_task.source,
-                                                        "val_rows": [e.where for e in val_examples]}, indent=2))
+                                                        "val_rows": [e.where for e in val_examples],
+                                                        "eval_rows": [e.where for e in eval_examples]}, indent=2))
 
     if start == 0 and cfg.eval_every:
         m = run_eval(cfg, policy, tokenizer, eval_examples, dist)
         if dist.is_main:
             append_jsonl(run_dir / "metrics.jsonl", [{"iteration": 0, **m}])
-        say(f"[it   0/{cfg.iterations}] eval acc {m['eval_accuracy']:.3f} ({m['eval_n']} problems, before training)")
+        unf = m.get("eval_unfaithful_of_correct")
+        say(f"[it   0/{cfg.iterations}] eval acc {m['eval_accuracy']:.3f} ({m['eval_n']} problems, before training)"
+            + ("" if unf is None else f" unf {unf:.2f}"))
 
     with last_good_checkpoint_on_fault(run_dir):
         for it in range(start, cfg.iterations):

@@ -39,12 +39,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from compare import half_width_95  # noqa: E402
-from tiny_learns import RECIPE  # noqa: E402
+from tiny_learns import RECIPE, RECIPE_V1  # noqa: E402
 
 # The README's GSM8K command on the offline Gemma-3-270M (its first command before the tiny world).
 GSM8K_270M = ["--prompts-per-iter", "4", "--samples-per-prompt", "2", "--max-new-tokens", "128",
               "--truncation-penalty", "0.1", "--val-size", "8", "--val-batch-size", "2", "--no-progress", "--no-plots"]
-RECIPES = {"tiny": RECIPE, "gsm8k-270m": GSM8K_270M}
+RECIPES = {"tiny": RECIPE, "tiny-v1": RECIPE_V1, "gsm8k-270m": GSM8K_270M}
 PHASES = ["rollout", "reward", "advantages", "influence", "update"]
 METHODS = {"PPO": ["--influence", "off"], "I-PPO": ["--influence", "on"]}
 

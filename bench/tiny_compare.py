@@ -1,8 +1,8 @@
 """Does the influence filter help? The paper's comparison in the tiny world, with error bars.
 
 One command runs compare.py on the tiny world with everything fixed here before any result was
-seen: the model tiny-arith (tiny_world.py, which is its own SFT start), the learning recipe of
-bench/tiny_learns.py (chosen on the validation rows), the methods PPO, GRPO, I-PPO, I-PPO with
+seen: the model tiny-arith-v1 (the first tiny world, tiny_world.py; its own SFT start), the recipe of
+that world (bench/tiny_learns.RECIPE_V1, chosen on the validation rows), the methods PPO, GRPO, I-PPO, I-PPO with
 the binary filter and the random-filter control, seeds 0-4, reward noise 0 and 0.2 (each
 episode's correctness flipped with probability 0.2), and ITERATIONS iterations of 128 episodes
 per run (the budget that fits the whole comparison in 90 minutes on 2 CPU cores). Final
@@ -29,7 +29,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import compare  # noqa: E402
-from tiny_learns import RECIPE  # noqa: E402
+from tiny_learns import RECIPE_V1 as RECIPE  # noqa: E402  (the first tiny world, as documented)
 
 # The budget, fixed from measured costs before any run (2 processes of 1 thread each: about
 # 4.9 s per PPO iteration, 5.7 per I-PPO iteration, per process-share of the machine): 12

@@ -1,26 +1,23 @@
 """See PPO learn in minutes: the tiny world's learning runs, with the README's table and curves.
 
-The question, fixed before the runs: starting from the tiny-arith model (tiny_world.py), does
-PPO raise greedy exact match on all 500 arith test problems by at least 15 points within 15
-minutes of training on a 2-core CPU, in each of seeds 0, 1 and 2? I-PPO runs beside it with the
-same settings. The same runs with the critic settings this project used before ("old": lambda
-0.95, the value head at the LoRA learning rate, value clipping at 0.2, plain whitening) show
-what the critic changes did. The recipe (RECIPE below) was chosen on the validation rows (the
-end of the training split), never on the test split.
+The question, fixed before the runs: starting from the shipped tiny-arith model (tiny_world.py),
+does PPO raise greedy exact match on all 500 arith test problems (3 numbers each) by at least 15
+points within 15 minutes of training on a 2-core CPU, in each of seeds 0, 1 and 2? The recipe
+(RECIPE below) was chosen on held-out training rows (--eval-split dev), never on the test split.
+Beside accuracy, each evaluation logs the unfaithful share of the correct greedy answers
+(reasoning.py).
 
-    python bench/tiny_learns.py                          # everything, resumable
-    python bench/tiny_learns.py --methods ppo --variants new --parallel 1 --out runs/tiny-learns-150
-                                                         # the README's table: PPO, one run at a time
-    python bench/tiny_learns.py --iterations 80 --out runs/tiny-learns     # the first set
+    python bench/tiny_learns.py                          # PPO, seeds 0-2, two runs at a time; resumable
+    python bench/tiny_learns.py --methods ppo,ippo       # I-PPO beside it, same settings
 
-Writes into --out: start.json (the model's starting point on the test split: greedy em and
-pass@8), <variant>-<method>-s<seed>/ (train.py run directories), summary.md (the tables: per
-run the start, best, final em and em within BUDGET_MIN training minutes; means with intervals;
-for I-PPO what its filter kept) and learning.png (eval accuracy against iteration and against
-training minutes). A run that finished is kept (or extended, with a larger --iterations); one
-that was interrupted is resumed; the summary is rebuilt every time.
-Two runs at a time (--parallel 2), one thread each: on 2 cores that finishes the set sooner than one
-run at a time on two threads (measured: 8 s per iteration each vs 4.6 s for one run alone).
+Writes into --out: start.json (the model's starting point on the test split: greedy em, pass@8
+and the unfaithful shares), <variant>-<method>-s<seed>/ (train.py run directories), summary.md
+(the tables: per run the start, best, final em and em within BUDGET_MIN training minutes; means
+with intervals; for I-PPO what its filter kept) and learning.png (eval accuracy against
+iteration and against training minutes). A run that finished is kept (or extended, with a
+larger --iterations); one that was interrupted is resumed; the summary is rebuilt every time.
+Two runs at a time (--parallel 2), one thread each: on 2 cores that finishes the set sooner than
+one run at a time on two threads.
 """
 
 from __future__ import annotations
@@ -36,16 +33,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# The recipe (chosen on the validation rows; see README "See PPO learn in minutes").
-# 150 iterations: about 12 minutes of training for one run alone on 2 cores. (The first set of
-# runs used 80; PPO seed 1 ended at +14.0 points, short of the 15 asked for, so the budget was
-# raised to what fits in the issue's 15 minutes. Both sets are in the README.)
-ITERATIONS = 150
+# The recipe (chosen on held-out training rows; see README "See PPO learn in minutes").
+# 300 iterations: about 13 minutes of training for each of two runs sharing 2 cores.
+ITERATIONS = 300
 BUDGET_MIN = 15   # the question's budget: the table also gives em at the last evaluation within it
-RECIPE = ["--model", "tiny-arith", "--dataset", "arith", "--prompts-per-iter", "32",
+RECIPE = ["--model", "tiny-arith", "--dataset", "arith", "--arith-terms", "3", "--prompts-per-iter", "32",
           "--samples-per-prompt", "4", "--temperature", "0.5", "--max-new-tokens", "40", "--lr", "1e-3",
-          "--kl-beta", "0", "--minibatch-size", "128", "--micro-batch-size", "32", "--gen-batch-size", "64",
+          "--kl-beta", "0", "--minibatch-size", "128", "--micro-batch-size", "64", "--gen-batch-size", "128",
           "--eval-every", "10", "--eval-limit", "500", "--eval-max-new-tokens", "40", "--no-progress", "--no-plots"]
+# The first tiny world's recipe (2-number problems, character tokens), for the documents that used it.
+RECIPE_V1 = ["--model", "tiny-arith-v1", "--dataset", "arith", "--prompts-per-iter", "32",
+             "--samples-per-prompt", "4", "--temperature", "0.5", "--max-new-tokens", "40", "--lr", "1e-3",
+             "--kl-beta", "0", "--minibatch-size", "128", "--micro-batch-size", "32", "--gen-batch-size", "64",
+             "--eval-every", "10", "--eval-limit", "500", "--eval-max-new-tokens", "40", "--no-progress", "--no-plots"]
 METHODS = {"ppo": ["--influence", "off"], "ippo": ["--influence", "on"]}
 # The critic settings before this change (the value head still starts at zero in both).
 VARIANTS = {"new": [], "old": ["--lam", "0.95", "--value-lr", RECIPE[RECIPE.index("--lr") + 1],
@@ -54,12 +54,13 @@ LABELS = {"ppo": "PPO", "ippo": "I-PPO", "new": "critic as now", "old": "old cri
 
 
 def start_point(out: Path) -> dict:
-    """Greedy em and pass@8 (8 samples at T = 1) of the untrained tiny-arith on all 500 test problems."""
+    """Greedy em, pass@8 and the unfaithful share of the correct answers (8 samples at T = 1) of
+    the untrained tiny-arith on all 500 test problems."""
     path = out / "start.json"
     if not path.exists():
-        cmd = [sys.executable, "evaluate.py", "--model", "tiny-arith", "--dataset", "arith",
-               "--metrics", "em,pass@1,pass@8,maj@8", "--samples", "8", "--max-new-tokens", "40", "--limit", "0",
-               "--no-progress", "--out", str(path)]
+        cmd = [sys.executable, "evaluate.py", "--model", "tiny-arith", "--dataset", "arith", "--arith-terms",
+               RECIPE[RECIPE.index("--arith-terms") + 1], "--metrics", "em,pass@1,pass@8,maj@8", "--samples", "8",
+               "--max-new-tokens", "40", "--limit", "0", "--batch-size", "128", "--no-progress", "--out", str(path)]
         print("[start]", " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True)
     return json.loads(path.read_text())
@@ -107,13 +108,14 @@ def run_all(out: Path, jobs: list[tuple[Path, list[str]]], parallel: int, iterat
 
 def read_run(run_dir: Path) -> dict:
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    evals, train_s = [], 0.0
+    evals, unfaithful, train_s = [], [], 0.0
     for r in rows:
         train_s += sum(v for k, v in r.get("seconds", {}).items() if k != "eval")
         if "eval_accuracy" in r:
             evals.append((r["iteration"], train_s / 60, r["eval_accuracy"]))
+            unfaithful.append(r.get("eval_unfaithful_of_correct"))
     total_s = sum(sum(r.get("seconds", {}).values()) for r in rows)
-    return {"evals": evals, "train_minutes": train_s / 60, "wall_minutes": total_s / 60,
+    return {"evals": evals, "unfaithful": unfaithful, "train_minutes": train_s / 60, "wall_minutes": total_s / 60,
             "kept": [r["kept_fraction"] for r in rows if "kept_fraction" in r], "filter": what_was_kept(run_dir)}
 
 
@@ -152,6 +154,10 @@ def mean_interval(values: list[float]) -> str:
     return f"{mean:+.1f} +- {T_975[n - 1] * sd / n ** 0.5:.1f} pt"
 
 
+def fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
 def summarize(out: Path, start: dict, parallel: int, runs: dict) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -159,10 +165,14 @@ def summarize(out: Path, start: dict, parallel: int, runs: dict) -> None:
 
     em = start["metrics"]["em"]
     lines = [f"Start (tiny-arith, all {start['n']} test problems): greedy em {em['value']:.3f} +- {em['stderr']:.3f}, "
-             f"pass@8 {start['metrics']['pass@8']['value']:.3f}, maj@8 {start['metrics']['maj@8']['value']:.3f}", "",
+             f"pass@8 {start['metrics']['pass@8']['value']:.3f}, maj@8 {start['metrics']['maj@8']['value']:.3f}"
+             + "".join(f"; unfaithful share of the correct {kind} answers {r['unfaithful_of_correct']:.3f} +- "
+                       f"{r['unfaithful_of_correct_stderr']:.3f} ({r['unfaithful']}/{r['n_correct']})"
+                       for kind, r in start.get("reasoning", {}).items()), "",
              f"| critic | method | seed | start em | best em (iteration) | final em | change | em at {BUDGET_MIN} "
-             "training min (iteration) | change by then | training min | wall min |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "training min (iteration) | change by then | unfaithful of correct greedy, start -> final | "
+             "training min | wall min |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (variant, method, seed), r in sorted(runs.items()):
         if not r["evals"]:
             continue
@@ -171,7 +181,8 @@ def summarize(out: Path, start: dict, parallel: int, runs: dict) -> None:
         by_then = [e for e in r["evals"] if e[1] <= BUDGET_MIN][-1]   # the last evaluation within the budget
         lines.append(f"| {LABELS[variant]} | {LABELS[method]} | {seed} | {first:.3f} | {best[2]:.3f} ({best[0]}) | "
                      f"{last:.3f} | {100 * (last - first):+.1f} pt | {by_then[2]:.3f} ({by_then[0]}) | "
-                     f"{100 * (by_then[2] - first):+.1f} pt | {r['train_minutes']:.1f} | {r['wall_minutes']:.1f} |")
+                     f"{100 * (by_then[2] - first):+.1f} pt | {fmt(r['unfaithful'][0])} -> {fmt(r['unfaithful'][-1])} | "
+                     f"{r['train_minutes']:.1f} | {r['wall_minutes']:.1f} |")
     lines += ["", "Mean change in final greedy em over seeds, with a 95% t-interval (t = 4.30 for 3 seeds):", ""]
     changes = {}
     for (variant, method, seed), r in runs.items():
@@ -233,10 +244,10 @@ def summarize(out: Path, start: dict, parallel: int, runs: dict) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="runs/tiny-learns")
+    parser.add_argument("--out", default="runs/tiny-learns-v2")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--methods", default="ppo,ippo")
-    parser.add_argument("--variants", default="new,old")
+    parser.add_argument("--methods", default="ppo")
+    parser.add_argument("--variants", default="new")
     parser.add_argument("--iterations", type=int, default=ITERATIONS, help="iterations per run; a finished "
                         "run with fewer is extended from its last checkpoint")
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (the cores are split between them)")

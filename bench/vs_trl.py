@@ -164,7 +164,7 @@ def main(argv=None) -> list[dict]:
           f"{work.new_tokens} new tokens, LoRA r=8 on q,k,v,o, beta 0, one minibatch, fp32", flush=True)
     rows = []
     for model in args.models.split(","):
-        runs = args.runs if model == "tiny-arith" else args.runs_270m
+        runs = args.runs if model.startswith("tiny-arith") else args.runs_270m
         results = {}
         for name in args.trainers.split(","):
             per_run = []

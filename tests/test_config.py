@@ -162,3 +162,61 @@ def test_config_json_round_trips_through_resume(tiny_dir, tmp_path):
     (tmp_path / "r" / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
     resumed = parse_config(["--resume", str(tmp_path / "r")])
     assert resumed.lr == 3e-5 and resumed.lora_targets == "q_proj,v_proj" and resumed.resume == str(tmp_path / "r")
+
+
+def test_resume_takes_iterations_even_at_the_default_value_and_names_what_it_ignores(tiny_dir, tmp_path, capsys):
+    from config import Config
+    cfg = parse_config(["--model", tiny_dir, "--run-dir", str(tmp_path / "r"), "--iterations", "7", "--no-progress"])
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    default_iterations = Config().iterations
+    resumed = parse_config(["--resume", str(tmp_path / "r"), "--iterations", str(default_iterations)])
+    assert resumed.iterations == default_iterations         # given, so taken, though equal to the default
+    assert resumed.progress is False                        # not given: the run's own
+    assert "ignoring" not in capsys.readouterr().err
+    resumed = parse_config(["--resume", str(tmp_path / "r"), "--lr", str(Config().lr), "--seed", "3"])
+    assert resumed.iterations == 7 and resumed.seed == cfg.seed
+    err = capsys.readouterr().err
+    assert "ignoring --lr, --seed" in err                   # named even when given at its default value
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["--advantage", "grpo", "--vf-coef", "0.5"], ("--vf-coef", "--advantage grpo")),
+    (["--advantage", "grpo", "--gamma", "1.0"], ("--gamma", "--advantage grpo")),
+    (["--advantage", "grpo", "--lam", "1.0"], ("--lam", "--advantage grpo")),
+    (["--advantage", "grpo", "--adv-std-floor", "0.1"], ("--adv-std-floor", "--advantage grpo")),
+    (["--advantage", "grpo", "--value-clip-eps", "0.2"], ("--value-clip-eps", "--advantage grpo")),
+    (["--advantage", "grpo", "--value-lr", "1e-3"], ("--value-lr", "--advantage grpo")),
+    (["--influence", "off", "--stop-below-kept", "0.1"], ("--stop-below-kept", "--influence off")),
+    (["--influence", "off", "--influence-method", "loop"], ("--influence-method", "--influence off")),
+    (["--random-filter", "--reweight"], ("--reweight", "--random-filter")),
+    (["--random-filter", "--no-reweight"], ("--reweight", "--random-filter")),
+    (["--influence-method", "loop", "--passes", "shared"], ("--passes", "--influence-method loop")),
+])
+def test_flags_that_would_do_nothing_are_refused_naming_both(argv, named):
+    with pytest.raises(SystemExit) as err:
+        parse_config(argv)
+    assert all(flag in str(err.value) for flag in named), str(err.value)
+
+
+def test_the_same_flags_where_they_act_are_accepted():
+    for argv in (["--vf-coef", "0.5", "--gamma", "1.0"], ["--stop-below-kept", "0.1"], ["--no-reweight"],
+                 ["--influence-method", "loop"], ["--advantage", "grpo", "--passes", "separate"]):
+        parse_config(argv)
+
+
+def test_eval_split_val_is_refused_under_i_ppo_and_dev_holds_out_rows_from_everything(tiny_dir, tmp_path):
+    with pytest.raises(SystemExit, match="--eval-split.*g_val.*--eval-split dev"):
+        parse_config(["--eval-split", "val"])
+    parse_config(["--eval-split", "val", "--influence", "off"])
+    run_dir = train.main(["--model", tiny_dir, "--run-dir", str(tmp_path / "r"), "--eval-split", "dev",
+                          "--eval-limit", "3", "--val-size", "4", "--iterations", "2", "--eval-every", "1",
+                          "--prompts-per-iter", "8", "--samples-per-prompt", "2", "--max-new-tokens", "4",
+                          "--eval-max-new-tokens", "4", "--data-source", "local", "--no-progress", "--no-plots"])
+    rows = json.loads((run_dir / "data.json").read_text())
+    assert len(rows["eval_rows"]) == 3 and len(rows["val_rows"]) == 4
+    assert not set(rows["eval_rows"]) & set(rows["val_rows"])
+    trained = {json.loads(line)["prompt"] for line in (run_dir / "episodes.jsonl").read_text().splitlines()}
+    from data import load_task
+    by_where = {e.where: e.question for e in load_task("gsm8k", "train", "local").examples}
+    assert not trained & {by_where[w] for w in rows["eval_rows"] + rows["val_rows"]}

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 WORKER = Path(__file__).resolve().parent / "dist_worker.py"
-EXIT_WORKER = Path(__file__).resolve().parent / "dist_exit_worker.py"
+START_EXIT_WORKER = Path(__file__).resolve().parent / "dist_start_exit_worker.py"
 GLOO = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
                           reason="this torch build has no gloo backend")
 
@@ -38,17 +38,32 @@ def run_worker(nproc: int, model_dir: str, out: Path) -> dict:
     return load_file(out)
 
 
+@pytest.fixture(scope="module")
+def start_exit_output(tiny_dir):
+    return torchrun(2, START_EXIT_WORKER, tiny_dir).stdout
+
+
+@GLOO
+def test_ranks_start_from_rank_zeros_trainable_parameters(start_exit_output):
+    """Each rank drew its own LoRA A (seeded by rank); after Dist.broadcast_tensors, as at the
+    start of train.main, every rank holds rank 0's."""
+    found = dict((r, (b, a)) for r, b, a in re.findall(r"rank (\d) parameters before (\S+) after (\S+?)(?=rank|\s|$)",
+                                                       start_exit_output))
+    assert sorted(found) == ["0", "1"], start_exit_output[-2000:]
+    assert found["0"][0] != found["1"][0]                      # they did differ
+    assert found["0"][1] == found["1"][1] == found["0"][0]     # now rank 0's everywhere
+
+
 @GLOO
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread names are read from Linux's /proc")
-def test_close_joins_the_gloo_threads_after_a_model_load(tiny_dir):
+def test_close_joins_the_gloo_threads_after_a_model_load(start_exit_output):
     """Loading a model imports torch.distributed.fsdp, whose ShardedGradScaler binds the world
     group as a default argument at import. Imported after init_process_group, that reference
     kept the gloo group, and its worker threads, alive past destroy_process_group; one of them
     then aborted the process at exit now and then (SIGABRT) after a correct run."""
-    done = torchrun(2, EXIT_WORKER, tiny_dir)
     # the two ranks share stdout: their lines may run into each other
-    found = re.findall(r"rank (\d) threads after close: ([\w,-]*?)(?=rank \d|\s|$)", done.stdout)
-    assert sorted(rank for rank, _ in found) == ["0", "1"], done.stdout[-2000:]
+    found = re.findall(r"rank (\d) threads after close: ([\w,-]*?)(?=rank \d|\s|$)", start_exit_output)
+    assert sorted(rank for rank, _ in found) == ["0", "1"], start_exit_output[-2000:]
     for rank, names in found:
         assert names and "gloo" not in names, (rank, names)
 
