@@ -72,7 +72,10 @@ class Config:
     # PPO (Schulman et al. 2017) and the KL-penalised reward
     ppo_epochs: int = flag(2, "passes over the kept episodes per iteration")
     minibatch_size: int = flag(16, "episodes per optimizer step")
-    micro_batch_size: int = flag(4, "episodes per forward/backward (memory only; does not change the math)")
+    micro_batch_size: int = flag(4, "episodes per forward/backward (does not change the math). It bounds the "
+                                 "memory of the update and of --passes separate; with --passes shared and influence "
+                                 "on, the scoring forward keeps every episode's graph until the scores, so peak "
+                                 "memory grows with prompts x samples whatever this is")
     lr: float = flag(5e-5, "AdamW learning rate for the LoRA adapters")
     # Our choice: the value head has a learning rate of its own. It starts at V = 0 and is of
     # use as a baseline only once it has caught up with the returns; AdamW at the LoRA rate

@@ -30,6 +30,7 @@ import signal
 import threading
 from collections import deque
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 
 TASKS = ("gsm8k", "math500", "college_math", "olympiadbench", "ecqa", "arith")
 MATH_TASKS = ("math500", "college_math", "olympiadbench")    # answers in \boxed{}, checked by math-verify
@@ -47,7 +48,7 @@ def check_task(name: str) -> None:
 # A number as people write it: optional sign, digits with or without thousands commas,
 # optional decimals. "1,2,3" is three numbers; "5." is the number 5 ending a sentence.
 _NUMBER = re.compile(r"-?(?:\$\s?)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?(?:\$\s?)?\.\d+")
-_FINAL = re.compile(r"####\s*([^\n]*)")
+_FINAL = re.compile(r"####[ \t]*([^\n]*)")   # one line each: "####\n#### 20" holds two
 MAX_NUMBER_CHARS = 100  # longer digit strings are not answers; refusing them bounds the work
 
 
@@ -69,12 +70,49 @@ def normalize_number(text: str) -> str | None:
     return format(value.normalize(), "f")
 
 
+# What follows '####' must be one number or one fraction "a/b", then at most a unit or a word,
+# a percent sign or a period: no second number, no operator. "#### 12+5=17" is unparsed, not 12.
+_FINAL_ANSWER = re.compile(r"^\s*(?P<num>%s)(?:\s*/\s*(?P<den>%s))?(?P<rest>[^\d+\-*/=^×÷]*)$"
+                           % (_NUMBER.pattern, _NUMBER.pattern))
+
+
+def _final_answer(line: str) -> str | None:
+    """The answer on one '####' line (the text after the marker), or None if it is not exactly
+    one number or fraction. A fraction is read as its value: '3/4' -> '0.75', '8/2' -> '4';
+    one without a finite decimal stays a reduced fraction ('2/6' -> '1/3'), which equals no
+    number."""
+    match = _FINAL_ANSWER.match(line)
+    if match is None:
+        return None
+    num = normalize_number(match["num"])
+    if match["den"] is None or num is None:
+        return num
+    den = normalize_number(match["den"])
+    if den is None or Decimal(den) == 0:
+        return None
+    value = Fraction(Decimal(num)) / Fraction(Decimal(den))
+    q = value.denominator
+    while q % 2 == 0:
+        q //= 2
+    while q % 5 == 0:
+        q //= 5
+    if q != 1:
+        return f"{value.numerator}/{value.denominator}"
+    return normalize_number(format(Decimal(value.numerator) / Decimal(value.denominator), "f"))
+
+
 def _extract_gsm8k(text: str) -> str | None:
+    """Our choice, for gsm8k and arith (the paper says exact match and no more): when the text
+    has '####' lines, the answer is that of the last one holding exactly one number or fraction
+    (_final_answer), and nothing else counts; with no '####' at all, the last number anywhere
+    (a base model that has not learnt the format still gets a signal)."""
     finals = _FINAL.findall(text)
     if finals:
-        answer = normalize_number(finals[-1])
-        if answer is not None:
-            return answer
+        for line in reversed(finals):
+            answer = _final_answer(line)
+            if answer is not None:
+                return answer
+        return None
     numbers = _NUMBER.findall(text)
     return normalize_number(numbers[-1]) if numbers else None
 

@@ -42,6 +42,21 @@ EXTRACTION = [
     ("the result is 12.000", "12"),
     ("Total: $0.99", "0.99"),
     ("#### 42 apples", "42"),
+    # What the '####' line must hold: one number or one fraction, nothing computed after it.
+    ("#### 3/4", "0.75"),                                            # a fraction is its value
+    ("#### 8/2", "4"),
+    ("#### 2 / 6", "1/3"),                                           # no finite decimal: a fraction
+    ("#### 1/0", None),
+    ("#### 12+5=17", None),                                          # an expression is unparsed
+    ("#### 12 + 5", None),
+    ("#### 5 - 3", None),
+    ("#### 6 * 7", None),
+    ("Then 5 + 7 = 12.\n#### 12+5=17", None),                        # no fallback to other numbers
+    ("#### 18 dollars and 50 cents", None),                          # two numbers
+    ("#### 50%", "50"),
+    ("#### 18 dollars.", "18"),
+    ("#### -5.", "-5"),
+    ("#### 12\n#### 3+4", "12"),                                     # the last #### that parses
 ]
 
 
@@ -71,6 +86,6 @@ def test_reward_and_truncation_penalty():
 
 def test_reward_never_evaluates_text():
     assert reward_fn("#### __import__('os').system('echo hacked')", "0") == 0.0
-    assert extract_answer("#### 2**1000000") == "2"
+    assert extract_answer("#### 2**1000000") is None   # an expression: unparsed, never computed
 
 
