@@ -125,6 +125,10 @@ class Config:
     eval_max_new_tokens: int = flag(256, "response length limit for evaluation")
     run_dir: str = flag("", "where to write the run (default runs/<date>-<time>-ppo-influence, -ppo-plain or -sft)")
     resume: str = flag("", "continue the run in this directory from its latest checkpoint")
+    recipe: str = flag("", "a recipe file (TOML, e.g. configs/tiny.toml; also accepted as the first argument): its "
+                       "settings replace the defaults, and flags on the command line override it")
+    overrides: str = flag("", "the flags given on the command line besides the recipe (recorded in config.json)",
+                          cli=False)
     keep_checkpoints: int = flag(2, "how many most recent checkpoints to keep")
     seed: int = flag(0, "the one seed: data order, sampling, random filter")
     device: str = flag("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
@@ -210,6 +214,8 @@ def add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
     for f in dataclasses.fields(Config):
         if names is not None and f.name not in names:
             continue
+        if not f.metadata.get("cli", True):
+            continue
         name = "--" + f.name.replace("_", "-")
         if f.type in (bool, "bool"):
             parser.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
@@ -220,12 +226,22 @@ def add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
 
 
 def parse_config(argv=None) -> Config:
-    parser = argparse.ArgumentParser(description=DESCRIPTION,
+    """The command line: `[RECIPE.toml] [--flag value ...]`. A recipe's settings replace the
+    defaults and the flags given override them (the convention of nanoGPT's config files and
+    TRL's --config). With --resume, the run's own config.json instead."""
+    parser = argparse.ArgumentParser(description=DESCRIPTION, epilog="A recipe file may come first: "
+                                     "python train.py configs/tiny.toml [--flag value ...]",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_config_flags(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-"):
+        argv = ["--recipe", *argv]           # the recipe file as the first argument
+    recipe = parser.parse_args(argv).recipe
+    if recipe:
+        parser.set_defaults(**load_recipe(Path(recipe)))
     args = parser.parse_args(argv)
-    cfg = Config(**vars(args))
     given = given_flags(parser, argv)
+    cfg = Config(**vars(args), overrides=" ".join(_without_recipe(argv)))
     if cfg.resume:
         cfg = resumed_config(cfg, given)
     else:
@@ -253,15 +269,68 @@ def refuse_inert_flags(cfg: Config, given: set[str]) -> None:
             raise SystemExit(f"--{name.replace('_', '-')}: does nothing with {other} ({why}); leave it out")
 
 
+def _without_recipe(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg == "--recipe":
+            skip = True
+        elif not arg.startswith("--recipe="):
+            out.append(arg)
+    return out
+
+
+# Settings a recipe may not hold: where a run is written and resumed belong to the command line.
+NOT_IN_RECIPES = ("recipe", "overrides", "resume", "run_dir")
+
+
+def load_recipe(path: Path) -> dict:
+    """A recipe file's settings, checked: valid TOML, every key a Config field (snake_case, as
+    in config.json), every value of the field's type and among its choices. A problem is
+    refused naming the file, the line and the key."""
+    import tomllib
+
+    if not path.is_file():
+        raise SystemExit(f"recipe {path}: no such file")
+    text = path.read_text()
+    try:
+        values = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SystemExit(f"recipe {path}: not valid TOML: {err}") from err
+
+    def line_of(key: str) -> str:
+        for n, line in enumerate(text.splitlines(), 1):
+            if re.match(rf"""\s*["']?{re.escape(key)}["']?\s*[=.]""", line) or re.match(rf"\s*\[\s*{re.escape(key)}\b", line):
+                return f"{path}, line {n}"
+        return str(path)
+
+    fields = {f.name: f for f in dataclasses.fields(Config) if f.name not in NOT_IN_RECIPES}
+    for key, value in values.items():
+        if key not in fields:
+            hint = f" (write {key.replace('-', '_')!r}: keys are snake_case)" if key.replace("-", "_") in fields else ""
+            raise SystemExit(f"{line_of(key)}: unknown setting {key!r}{hint}; a recipe sets train.py's flags by their "
+                             f"config.json names, e.g. lr, iterations, arith_terms (not {', '.join(NOT_IN_RECIPES)})")
+        f = fields[key]
+        kind = {"int": int, "float": (int, float), "str": str, "bool": bool}[str(f.type)]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise SystemExit(f"{line_of(key)}: {key} should be {f.type}, got {value!r}")
+        if f.metadata.get("choices") and value not in f.metadata["choices"]:
+            raise SystemExit(f"{line_of(key)}: {key} = {value!r} is not one of {list(f.metadata['choices'])}")
+    return {k: float(v) if str(fields[k].type) == "float" else v for k, v in values.items()}
+
+
 def given_flags(parser: argparse.ArgumentParser, argv=None) -> set[str]:
     """The fields whose flags `argv` actually names, whatever their values (a flag given with
     its default value counts as given): argv parsed again with every default suppressed."""
-    defaults = {action: action.default for action in parser._actions}
+    defaults, recipe_defaults = {action: action.default for action in parser._actions}, parser._defaults
     try:
+        parser._defaults = {}                   # what a recipe set (set_defaults) is not "given" either
         for action in defaults:
             action.default = argparse.SUPPRESS
         return set(vars(parser.parse_args(argv)))
     finally:
+        parser._defaults = recipe_defaults
         for action, default in defaults.items():
             action.default = default
 
