@@ -655,6 +655,8 @@ def main(argv=None) -> Path:
             say(log_line(it, cfg, metrics, timer.seconds), flush=True)
             if dist.is_main:
                 commit_iteration(run_dir, it, cfg, metrics, episodes, policy, optimizer)
+                if cfg.plots and "eval_accuracy" in metrics and not last:
+                    write_plots(run_dir)     # the curve so far, for whoever opens plots.png mid-run
             if stop:
                 say(f"[stop] kept fraction {metrics['kept_fraction']:.2f} < --stop-below-kept {cfg.stop_below_kept}")
                 break
