@@ -61,6 +61,21 @@ class Config:
                        "separate: a no-grad pass for them first, the readable path (the same numbers, tested)",
                        choices=("shared", "separate"))
     random_filter: bool = flag(False, "control: drop as many episodes as influence would, chosen at random")
+    reference: str = flag("validation", "what each episode's gradient g_i is dotted with: validation (I-PPO: g_val, "
+                          "the SFT gradient of the validation set); batch (DTV, arXiv 2609.35072: the mean g_j of "
+                          "the buffer's episodes); batch-loo (the same mean without episode i). The batch "
+                          "references filter only, as DTV does: keep s_i >= 0, every kept weight 1",
+                          choices=("validation", "batch", "batch-loo"))
+    # Our choice: the critic learns from every episode of the buffer. The filter is about the
+    # policy gradient; fitting V on the kept episodes only would give I-PPO a critic trained on
+    # a sign-dependent half of the data, and that critic makes every advantage next iteration.
+    critic_episodes: str = flag("all", "which episodes the value loss is taken over: all (the whole buffer) or "
+                                "kept (only D', the filter's episodes)", choices=("all", "kept"))
+    # Our choice: the value loss trains the value head only (it sits on detached hidden states).
+    # With "adapters" c_v grad L_V also moves the LoRA weights: a direction that no influence
+    # score accounts for, the same under PPO and I-PPO.
+    critic_grad: str = flag("head", "what the value loss trains: head (the value head alone) or adapters (also the "
+                            "LoRA weights, through the hidden states the head reads)", choices=("head", "adapters"))
     init_adapter: str = flag("", "start from this checkpoint's LoRA adapters (e.g. an --algo sft run)")
     # schedule and sampling
     iterations: int = flag(100, "training iterations (PPO: one rollout buffer each; SFT: one batch each)")
@@ -256,12 +271,15 @@ def refuse_inert_flags(cfg: Config, given: set[str]) -> None:
     inert = []
     if cfg.advantage == "grpo":   # no critic, no GAE, no whitening
         inert += [(name, "--advantage grpo", "GRPO has no critic and no GAE")
-                  for name in ("vf_coef", "gamma", "lam", "adv_std_floor", "value_clip_eps", "value_lr")]
+                  for name in ("vf_coef", "gamma", "lam", "adv_std_floor", "value_clip_eps", "value_lr",
+                               "critic_episodes", "critic_grad")]
     if cfg.influence == "off":
         inert += [(name, "--influence off", "nothing is scored")
-                  for name in ("stop_below_kept", "influence_method")]
+                  for name in ("stop_below_kept", "influence_method", "reference", "critic_episodes")]
     if cfg.random_filter:
         inert += [("reweight", "--random-filter", "the random control keeps its episodes at weight 1")]
+    elif cfg.reference != "validation":
+        inert += [("reweight", f"--reference {cfg.reference}", "the batch references filter only, as DTV does")]
     if cfg.influence_method == "loop":
         inert += [("passes", "--influence-method loop", "the per-episode loop always runs its own passes")]
     for name, other, why in inert:

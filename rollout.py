@@ -116,7 +116,7 @@ def token_logprobs(policy, seqs: Sequences, temperature: float = 1.0, with_entro
     mask = seqs.response_mask
     # Position P-1+t predicts response token t: keep the last T+1 positions, drop the final one.
     hidden = policy.hidden_states(input_ids, attention_mask, n_last=T + 1)[:, :-1]   # (N, T, H)
-    values = policy.value_head(hidden.float()).squeeze(-1) * mask                     # (N, T)
+    values = policy.value(hidden) * mask                                             # (N, T)
     if lean and policy.softcap is None:
         where = mask.bool()
         weight = policy.lm.get_output_embeddings().weight                             # (V, H), frozen

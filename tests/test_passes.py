@@ -150,5 +150,5 @@ def test_without_influence_pi_old_comes_from_the_update_and_equals_the_separate_
     for it in (1, 2):   # updated parameters
         ta = load_file(runs["separate"] / "checkpoints" / f"iter_{it:06d}" / "adapter.safetensors")
         tb = load_file(runs["shared"] / "checkpoints" / f"iter_{it:06d}" / "adapter.safetensors")
-        for name in ta:
-            assert (ta[name] - tb[name]).abs().max() <= 1e-6 * max(1.0, ta[name].abs().max().item()), (it, name)
+        for name in ta:  # fp32 rounding: the two paths sum in other orders
+            assert (ta[name] - tb[name]).abs().max() <= 2e-6 * max(1.0, ta[name].abs().max().item()), (it, name)
