@@ -97,6 +97,7 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         golds = [examples[j].gold for j in rollouts.prompt_index]
         require_finite(it, "rollout", old_logprobs=rollouts.old_logprobs, values=rollouts.values,
                        ref_logprobs=rollouts.ref_logprobs)
+        drift = sampler_drift(rollouts, next(policy.lm.parameters()).dtype, dist)   # sampler vs pi_old
 
     with timer("reward"):
         flipped = planted_flips(cfg, it, len(rollouts), dist.rank)                        # (N,) bools
@@ -122,7 +123,7 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
             update = {"skipped": True}
 
     return iteration_records(it, cfg, examples, rollouts, scores, flipped, kl, keep, weights, n_kept,
-                             influence | critic, update, dist)
+                             influence | critic | drift, update, dist)
 
 
 def compute_advantages(cfg: Config, rollouts, scores: torch.Tensor, dist: Dist = SINGLE):
@@ -409,7 +410,7 @@ def iteration_records(it, cfg: Config, examples, rollouts, scores, flipped, kl, 
     labels = ([reasoning_label(t, examples[j].solution, examples[j].gold)
                for t, j in zip(rollouts.responses, rollouts.prompt_index)] if cfg.dataset == "arith" else None)
     warnings = batch_warnings(cfg, dist.cat(scores), dist.cat(rollouts.truncated.to(mask.device, torch.float32)).bool(),
-                              n_kept)
+                              n_kept, influence)
     for what in warnings.values():
         if dist.is_main:
             print(f"[it {it + 1}] warning: {what}", file=sys.stderr)
@@ -527,10 +528,39 @@ def require_finite(it: int, phase: str, **tensors: torch.Tensor) -> None:
                                      f"(phase: {phase})")
 
 
-def batch_warnings(cfg: Config, rewards: torch.Tensor, truncated: torch.Tensor, n_kept: int) -> dict[str, str]:
+# How far the sampler's log-probs of its own tokens may be from pi_old's before a warning, in
+# nats per token (largest over the batch's response tokens). Both are log-softmax(logits / T) of
+# the same weights, once through the KV-cache decode and once through the full forward, so they
+# differ by rounding alone. Measured on CPU (bench/sampler_drift.py, docs/sampler-drift.md): a
+# largest gap of 1.4e-5 (tiny world) and 1.7e-5 (Gemma-3-270M) in fp32, exactly 0 in bf16 on the
+# CPU's kernels. Our thresholds: 1e-3 in fp32, about 60 times the largest gap measured; 0.5 in
+# bf16, not measured on a GPU, where the decode and the full forward take different attention
+# kernels: a bf16 logit of size 20-30 carries about 0.1 of rounding, so 0.5 nats is a few times
+# that. A gap beyond it means the tokens were not drawn from the distribution PPO takes as pi_old.
+SAMPLER_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.5, torch.float16: 0.5}
+
+
+def sampler_drift(rollouts, dtype: torch.dtype, dist: Dist = SINGLE) -> dict:
+    """|log pi_sampler(a_t) - log pi_old(a_t)| over all ranks' response tokens: the largest and
+    the mean, and the tolerance for the model's dtype. pi_sampler is what the sampler computed
+    as it drew the token (rollout.sample); pi_old is the full forward that PPO's ratio uses."""
+    mask = rollouts.response_mask
+    gap = (rollouts.sampler_logprobs - rollouts.old_logprobs).abs() * mask                     # (N, T)
+    total, count = dist.sum(torch.stack([gap.sum().double(), mask.sum().double()])).tolist()
+    largest = dist.cat(gap.max().reshape(1).double()).max().item()
+    return {"sampler_gap_max": largest, "sampler_gap_mean": total / max(count, 1.0),
+            "sampler_tolerance": SAMPLER_TOLERANCE.get(dtype, 1.0)}
+
+
+def batch_warnings(cfg: Config, rewards: torch.Tensor, truncated: torch.Tensor, n_kept: int,
+                   drift: dict | None = None) -> dict[str, str]:
     """Degenerate iterations: handled (the run goes on) but logged, {name: explanation}.
-    rewards, truncated: (N,) over all episodes of the iteration (all ranks)."""
+    rewards, truncated: (N,) over all episodes of the iteration (all ranks); drift: sampler_drift's."""
     warnings = {}
+    if drift and drift.get("sampler_gap_max", 0.0) > drift["sampler_tolerance"]:
+        warnings["sampler_gap"] = (f"the sampler's log-prob of a sampled token differs from pi_old's by up to "
+                                   f"{drift['sampler_gap_max']:.2g} nats (tolerance {drift['sampler_tolerance']:g} "
+                                   "for this dtype): the episodes were not drawn from the pi_old that PPO uses")
     if bool((rewards == rewards[0]).all()):
         warnings["rewards_equal"] = (f"all {len(rewards)} rewards are {rewards[0].item():g}: no reward signal, "
                                      "the advantages carry only the KL penalty and the value error")
@@ -558,7 +588,8 @@ def log_line(it: int, cfg: Config, m: dict, seconds: dict) -> str:
         if not m.get("skipped"):
             vf = "-" if m["value_loss"] is None else f"{m['value_loss']:.4f}"      # GRPO: no critic
             body += (f" pg {m['policy_loss']:+.4f} vf {vf} ent {m['entropy']:.3f} "
-                     f"clip {m['clip_fraction']:.3f} akl {m['approx_kl']:.4f} ratio0 {m['ratio_first_max']:.3f}")
+                     f"clip {m['clip_fraction']:.3f} akl {m['approx_kl']:.4f} ratio0 {m['ratio_first_max']:.3f} "
+                     f"gap {m['sampler_gap_max']:.0e}")
         ev = m["explained_variance"]
         body += f" | adv {m['advantage_mean']:+.3f} ev " + ("n/a" if ev is None else f"{ev:+.2f}")
         if m.get("unfaithful_of_correct") is not None:   # arith: unfaithful share of the correct episodes

@@ -72,7 +72,7 @@ def test_the_first_command_is_short():
 
 def test_flags_override_the_recipe_and_are_recorded():
     cfg = parse_config([str(ROOT / "configs/tiny.toml"), "--influence", "on", "--seed", "2"])
-    assert cfg.influence == "on" and cfg.seed == 2 and cfg.lr == 1e-3 and cfg.iterations == 300
+    assert cfg.influence == "on" and cfg.seed == 2 and cfg.lr == 1e-3 and cfg.iterations == 150
     assert cfg.overrides == "--influence on --seed 2"
     same = parse_config(["--recipe", str(ROOT / "configs/tiny.toml"), "--influence", "on", "--seed", "2"])
     assert same == cfg
