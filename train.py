@@ -101,14 +101,14 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
 
     with timer("reward"):
         flipped = planted_flips(cfg, it, len(rollouts), dist.rank)                        # (N,) bools
-        scores = torch.tensor([reward_fn(text, gold, cfg.dataset, bool(trunc), cfg.truncation_penalty, flip)
+        rewards = torch.tensor([reward_fn(text, gold, cfg.dataset, bool(trunc), cfg.truncation_penalty, flip)
                                for text, gold, trunc, flip in zip(rollouts.responses, golds, rollouts.truncated,
                                                                   flipped)],
                               device=rollouts.response_mask.device)                      # (N,)
-        require_finite(it, "reward", scores=scores)
+        require_finite(it, "reward", rewards=rewards)
 
     with timer("advantages"):
-        advantages, returns, kl, critic = compute_advantages(cfg, rollouts, scores, dist)  # (N, T) each
+        advantages, returns, kl, critic = compute_advantages(cfg, rollouts, rewards, dist)  # (N, T) each
 
     with timer("influence"):
         keep, weights, influence = select_episodes(it, cfg, policy, rollouts, advantages, val_seqs, dist,
@@ -122,12 +122,12 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         else:
             update = {"skipped": True}
 
-    return iteration_records(it, cfg, examples, rollouts, scores, flipped, kl, keep, weights, n_kept,
+    return iteration_records(it, cfg, examples, rollouts, rewards, flipped, kl, keep, weights, n_kept,
                              influence | critic | drift, update, dist)
 
 
-def compute_advantages(cfg: Config, rollouts, scores: torch.Tensor, dist: Dist = SINGLE):
-    """r_t = -beta (log pi_old - log pi_ref) + score at the last token (ppo.kl_penalized_rewards);
+def compute_advantages(cfg: Config, rollouts, rewards: torch.Tensor, dist: Dist = SINGLE):
+    """r_t = -beta (log pi_old - log pi_ref) + the task reward R_i at the last token (ppo.kl_penalized_rewards);
     A_t, R_t = GAE(gamma, lambda) (ppo.gae); A whitened over the response tokens of the whole
     batch, all ranks', its std floored at --adv-std-floor (ppo.whiten). Returns (advantages,
     returns, kl), each (N, T) (kl None at --kl-beta 0, where pi_ref is not computed), and the
@@ -136,15 +136,15 @@ def compute_advantages(cfg: Config, rollouts, scores: torch.Tensor, dist: Dist =
     With --advantage grpo: ppo.group_advantages of the episodes' summed rewards on every token,
     not whitened, no returns (zeros) and no critic."""
     mask = rollouts.response_mask
-    rewards, kl = kl_penalized_rewards(scores, rollouts.old_logprobs, rollouts.ref_logprobs, mask, cfg.kl_beta)
+    token_rewards, kl = kl_penalized_rewards(rewards, rollouts.old_logprobs, rollouts.ref_logprobs, mask, cfg.kl_beta)
     if cfg.advantage == "grpo":
         # Our choice: the KL penalty enters GRPO as the episode's summed per-token reward (the
         # same total as PPO's), before the group normalisation.
-        group_adv = group_advantages(rewards.sum(-1), torch.as_tensor(rollouts.prompt_index, device=mask.device))
+        group_adv = group_advantages(token_rewards.sum(-1), torch.as_tensor(rollouts.prompt_index, device=mask.device))
         advantages, returns = group_adv[:, None] * mask, torch.zeros_like(mask)              # (N, T)
         ev = float("nan")                                                                 # no critic
     else:
-        advantages, returns = gae(rewards, rollouts.values, mask, cfg.gamma, cfg.lam)
+        advantages, returns = gae(token_rewards, rollouts.values, mask, cfg.gamma, cfg.lam)
         ev = explained_variance(rollouts.values, returns, mask, reduce_sum=dist.sum)
     n_tokens = dist.sum(mask.sum()).clamp(min=1.0)
     critic = {"advantage_mean": (dist.sum((advantages * mask).sum()) / n_tokens).item(),
@@ -398,7 +398,7 @@ def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
 
 # ----------------------------------------------------------------------------- bookkeeping
 
-def iteration_records(it, cfg: Config, examples, rollouts, scores, flipped, kl, keep, weights, n_kept: int,
+def iteration_records(it, cfg: Config, examples, rollouts, rewards, flipped, kl, keep, weights, n_kept: int,
                       influence: dict, update: dict, dist: Dist = SINGLE) -> tuple[dict, list]:
     """Bookkeeping of ppo_iteration: the metrics of the iteration (means over all ranks'
     episodes, each with its denominator) and one record per episode (all ranks', rank order)."""
@@ -409,14 +409,14 @@ def iteration_records(it, cfg: Config, examples, rollouts, scores, flipped, kl, 
     # arith: is the reasoning behind each answer faithful (reasoning.py)? None on other tasks.
     labels = ([reasoning_label(t, examples[j].solution, examples[j].gold)
                for t, j in zip(rollouts.responses, rollouts.prompt_index)] if cfg.dataset == "arith" else None)
-    warnings = batch_warnings(cfg, dist.cat(scores), dist.cat(rollouts.truncated.to(mask.device, torch.float32)).bool(),
+    warnings = batch_warnings(cfg, dist.cat(rewards), dist.cat(rollouts.truncated.to(mask.device, torch.float32)).bool(),
                               n_kept, influence)
     for what in warnings.values():
         if dist.is_main:
             print(f"[it {it + 1}] warning: {what}", file=sys.stderr)
     # Sums and counts over all ranks first, then the means.
     total = dict(zip(("reward", "correct", "unparsed", "truncated", "tokens", "episodes", "kl"), dist.sum(torch.tensor(
-        [scores.sum().item(), sum(correct), sum(a is None for a in answers), rollouts.truncated.sum().item(),
+        [rewards.sum().item(), sum(correct), sum(a is None for a in answers), rollouts.truncated.sum().item(),
          mask.sum().item(), len(rollouts), 0.0 if kl is None else kl.sum().item()],
         dtype=torch.float64, device=mask.device)).tolist()))
     per_episode = {k: total[k] / total["episodes"] for k in ("reward", "correct", "unparsed", "truncated", "tokens")}
@@ -444,7 +444,7 @@ def iteration_records(it, cfg: Config, examples, rollouts, scores, flipped, kl, 
     if warnings:
         metrics["warnings"] = list(warnings)
     episodes = [{"iteration": it + 1, "prompt": examples[j].question, "gold": golds[i], "response": rollouts.responses[i],
-                 "answer": answers[i], "reward": scores[i].item(), "truncated": bool(rollouts.truncated[i]),
+                 "answer": answers[i], "reward": rewards[i].item(), "truncated": bool(rollouts.truncated[i]),
                  "score": influence["scores"][i] if "scores" in influence else None,
                  "kept": bool(keep[i]), "weight": weights[i].item(), "flipped": flipped[i],
                  "reasoning": None if labels is None else labels[i]}
