@@ -61,6 +61,21 @@ class Config:
                        "separate: a no-grad pass for them first, the readable path (the same numbers, tested)",
                        choices=("shared", "separate"))
     random_filter: bool = flag(False, "control: drop as many episodes as influence would, chosen at random")
+    reference: str = flag("validation", "what each episode's gradient g_i is dotted with: validation (I-PPO: g_val, "
+                          "the SFT gradient of the validation set); batch (DTV, arXiv 2609.35072: the mean g_j of "
+                          "the buffer's episodes); batch-loo (the same mean without episode i). The batch "
+                          "references filter only, as DTV does: keep s_i >= 0, every kept weight 1",
+                          choices=("validation", "batch", "batch-loo"))
+    # Our choice: the critic learns from every episode of the buffer. The filter is about the
+    # policy gradient; fitting V on the kept episodes only would give I-PPO a critic trained on
+    # a sign-dependent half of the data, and that critic makes every advantage next iteration.
+    critic_episodes: str = flag("all", "which episodes the value loss is taken over: all (the whole buffer) or "
+                                "kept (only D', the filter's episodes)", choices=("all", "kept"))
+    # Our choice: the value loss trains the value head only (it sits on detached hidden states).
+    # With "adapters" c_v grad L_V also moves the LoRA weights: a direction that no influence
+    # score accounts for, the same under PPO and I-PPO.
+    critic_grad: str = flag("head", "what the value loss trains: head (the value head alone) or adapters (also the "
+                            "LoRA weights, through the hidden states the head reads)", choices=("head", "adapters"))
     init_adapter: str = flag("", "start from this checkpoint's LoRA adapters (e.g. an --algo sft run)")
     # schedule and sampling
     iterations: int = flag(100, "training iterations (PPO: one rollout buffer each; SFT: one batch each)")
@@ -125,6 +140,10 @@ class Config:
     eval_max_new_tokens: int = flag(256, "response length limit for evaluation")
     run_dir: str = flag("", "where to write the run (default runs/<date>-<time>-ppo-influence, -ppo-plain or -sft)")
     resume: str = flag("", "continue the run in this directory from its latest checkpoint")
+    recipe: str = flag("", "a recipe file (TOML, e.g. configs/tiny.toml; also accepted as the first argument): its "
+                       "settings replace the defaults, and flags on the command line override it")
+    overrides: str = flag("", "the flags given on the command line besides the recipe (recorded in config.json)",
+                          cli=False)
     keep_checkpoints: int = flag(2, "how many most recent checkpoints to keep")
     seed: int = flag(0, "the one seed: data order, sampling, random filter")
     device: str = flag("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
@@ -210,6 +229,8 @@ def add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
     for f in dataclasses.fields(Config):
         if names is not None and f.name not in names:
             continue
+        if not f.metadata.get("cli", True):
+            continue
         name = "--" + f.name.replace("_", "-")
         if f.type in (bool, "bool"):
             parser.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
@@ -220,12 +241,22 @@ def add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
 
 
 def parse_config(argv=None) -> Config:
-    parser = argparse.ArgumentParser(description=DESCRIPTION,
+    """The command line: `[RECIPE.toml] [--flag value ...]`. A recipe's settings replace the
+    defaults and the flags given override them (the convention of nanoGPT's config files and
+    TRL's --config). With --resume, the run's own config.json instead."""
+    parser = argparse.ArgumentParser(description=DESCRIPTION, epilog="A recipe file may come first: "
+                                     "python train.py configs/tiny.toml [--flag value ...]",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_config_flags(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-"):
+        argv = ["--recipe", *argv]           # the recipe file as the first argument
+    recipe = parser.parse_args(argv).recipe
+    if recipe:
+        parser.set_defaults(**load_recipe(Path(recipe)))
     args = parser.parse_args(argv)
-    cfg = Config(**vars(args))
     given = given_flags(parser, argv)
+    cfg = Config(**vars(args), overrides=" ".join(_without_recipe(argv)))
     if cfg.resume:
         cfg = resumed_config(cfg, given)
     else:
@@ -240,12 +271,15 @@ def refuse_inert_flags(cfg: Config, given: set[str]) -> None:
     inert = []
     if cfg.advantage == "grpo":   # no critic, no GAE, no whitening
         inert += [(name, "--advantage grpo", "GRPO has no critic and no GAE")
-                  for name in ("vf_coef", "gamma", "lam", "adv_std_floor", "value_clip_eps", "value_lr")]
+                  for name in ("vf_coef", "gamma", "lam", "adv_std_floor", "value_clip_eps", "value_lr",
+                               "critic_episodes", "critic_grad")]
     if cfg.influence == "off":
         inert += [(name, "--influence off", "nothing is scored")
-                  for name in ("stop_below_kept", "influence_method")]
+                  for name in ("stop_below_kept", "influence_method", "reference", "critic_episodes")]
     if cfg.random_filter:
         inert += [("reweight", "--random-filter", "the random control keeps its episodes at weight 1")]
+    elif cfg.reference != "validation":
+        inert += [("reweight", f"--reference {cfg.reference}", "the batch references filter only, as DTV does")]
     if cfg.influence_method == "loop":
         inert += [("passes", "--influence-method loop", "the per-episode loop always runs its own passes")]
     for name, other, why in inert:
@@ -253,15 +287,68 @@ def refuse_inert_flags(cfg: Config, given: set[str]) -> None:
             raise SystemExit(f"--{name.replace('_', '-')}: does nothing with {other} ({why}); leave it out")
 
 
+def _without_recipe(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg == "--recipe":
+            skip = True
+        elif not arg.startswith("--recipe="):
+            out.append(arg)
+    return out
+
+
+# Settings a recipe may not hold: where a run is written and resumed belong to the command line.
+NOT_IN_RECIPES = ("recipe", "overrides", "resume", "run_dir")
+
+
+def load_recipe(path: Path) -> dict:
+    """A recipe file's settings, checked: valid TOML, every key a Config field (snake_case, as
+    in config.json), every value of the field's type and among its choices. A problem is
+    refused naming the file, the line and the key."""
+    import tomllib
+
+    if not path.is_file():
+        raise SystemExit(f"recipe {path}: no such file")
+    text = path.read_text()
+    try:
+        values = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SystemExit(f"recipe {path}: not valid TOML: {err}") from err
+
+    def line_of(key: str) -> str:
+        for n, line in enumerate(text.splitlines(), 1):
+            if re.match(rf"""\s*["']?{re.escape(key)}["']?\s*[=.]""", line) or re.match(rf"\s*\[\s*{re.escape(key)}\b", line):
+                return f"{path}, line {n}"
+        return str(path)
+
+    fields = {f.name: f for f in dataclasses.fields(Config) if f.name not in NOT_IN_RECIPES}
+    for key, value in values.items():
+        if key not in fields:
+            hint = f" (write {key.replace('-', '_')!r}: keys are snake_case)" if key.replace("-", "_") in fields else ""
+            raise SystemExit(f"{line_of(key)}: unknown setting {key!r}{hint}; a recipe sets train.py's flags by their "
+                             f"config.json names, e.g. lr, iterations, arith_terms (not {', '.join(NOT_IN_RECIPES)})")
+        f = fields[key]
+        kind = {"int": int, "float": (int, float), "str": str, "bool": bool}[str(f.type)]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise SystemExit(f"{line_of(key)}: {key} should be {f.type}, got {value!r}")
+        if f.metadata.get("choices") and value not in f.metadata["choices"]:
+            raise SystemExit(f"{line_of(key)}: {key} = {value!r} is not one of {list(f.metadata['choices'])}")
+    return {k: float(v) if str(fields[k].type) == "float" else v for k, v in values.items()}
+
+
 def given_flags(parser: argparse.ArgumentParser, argv=None) -> set[str]:
     """The fields whose flags `argv` actually names, whatever their values (a flag given with
     its default value counts as given): argv parsed again with every default suppressed."""
-    defaults = {action: action.default for action in parser._actions}
+    defaults, recipe_defaults = {action: action.default for action in parser._actions}, parser._defaults
     try:
+        parser._defaults = {}                   # what a recipe set (set_defaults) is not "given" either
         for action in defaults:
             action.default = argparse.SUPPRESS
         return set(vars(parser.parse_args(argv)))
     finally:
+        parser._defaults = recipe_defaults
         for action, default in defaults.items():
             action.default = default
 

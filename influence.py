@@ -13,7 +13,15 @@ Choices the paper leaves open, made here:
   * the episode loss is the token mean of the clipped surrogate over its response tokens
     (value and entropy terms are not part of the score);
   * the SFT loss of g_val is the mean NLL over all reference-solution tokens of the
-    validation set (one token-level mean, not a mean of per-example means).
+    validation set (one token-level mean, not a mean of per-example means);
+  * g_val and g_i are gradients of the same distribution: log-probs at the sampling
+    temperature, logits / T, for both (train.select_episodes passes --temperature to both).
+    g_i is a gradient of the PPO loss of pi_T, the policy the update trains; taking g_val at
+    T = 1 would dot gradients of two different distributions.
+
+The validation-free reference (DTV, arXiv 2609.35072), --reference batch | batch-loo: the
+episode's g_i is dotted with the mean gradient of the buffer's episodes, r = (1/N) sum_j g_j,
+or without itself, (sum_j g_j - g_i) / (N - 1); DTV keeps s_i >= 0 and does not reweight.
 
 Public functions:
     sft_nll(policy, seqs)                        -> (N,) summed NLL per example, (N,) token counts
@@ -22,12 +30,15 @@ Public functions:
     influence_scores(episode_grads, g_val)       -> (N,) scores s_i
     onepass_scores(policy, rollouts, advantages, g_val, ...) -> (N,) the same scores from one
                                                     batched forward + backward (no g_i in memory)
+    batch_reference_scores(policy, forwards, ...) -> (N,) DTV's scores, one-pass
+    loop_reference_scores(episode_grads, ...)    -> (N,) the same from per-episode gradients
     scoring_forward(policy, part, temperature), scoring_backward(policy, forwards, old, adv, g_val)
                                                  -> its two halves (train.py --passes shared
                                                     takes pi_old and V_old from the forwards)
     filter_and_reweight(scores)                  -> (keep (N,) bool, weights (N,))
     binary_filter(scores)                        -> the same filter, every kept weight 1
     random_filter(scores, generator)             -> drop as many as the scores would, at random
+    dtv_filter(scores)                           -> keep s_i >= 0, every kept weight 1
     detection_auc(scores, positive)              -> how well the scores rank the positives first
 """
 
@@ -47,18 +58,20 @@ def _flat(grads, params) -> torch.Tensor:
                       for g, p in zip(grads, params)])
 
 
-def sft_nll(policy, seqs: Sequences):
-    """Negative log-likelihood of the given responses at temperature 1.
+def sft_nll(policy, seqs: Sequences, temperature: float = 1.0):
+    """Negative log-likelihood of the given responses under logits / temperature.
     Returns (nll, n_tokens), both (N,): the sum over each example's response tokens, and
     how many tokens that is."""
-    logprobs, _, _ = token_logprobs(policy, seqs, temperature=1.0)         # (N, T)
+    logprobs, _, _ = token_logprobs(policy, seqs, temperature=temperature)  # (N, T)
     return -(logprobs * seqs.response_mask).sum(-1), seqs.response_mask.sum(-1)
 
 
 def validation_gradient(policy, val_seqs: Sequences, batch_size: int = 8, progress: bool = False,
-                        n_tokens: torch.Tensor | None = None) -> torch.Tensor:
+                        n_tokens: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
     """g_val = grad over the LoRA parameters of  (sum of NLL over all validation reference
-    tokens) / (number of those tokens). Accumulated over batches; returns (P,) fp32.
+    tokens) / (number of those tokens), the NLL under logits / temperature (train.py: the
+    sampling temperature, so that g_val and g_i are gradients of one distribution).
+    Accumulated over batches; returns (P,) fp32.
     `n_tokens` overrides the denominator: under torchrun each rank holds a share of the
     validation set and divides by the token count of all shares, so the sum over ranks of
     the returned vectors is g_val of the whole set."""
@@ -71,7 +84,7 @@ def validation_gradient(policy, val_seqs: Sequences, batch_size: int = 8, progre
         # the set is padded to its longest solution, and a batch of shorter ones need not pay for it.
         width = int(part.response_mask.sum(1).max())
         part = Sequences(part.prompt_ids, part.prompt_mask, part.response_ids[:, :width], part.response_mask[:, :width])
-        nll, _ = sft_nll(policy, part)
+        nll, _ = sft_nll(policy, part, temperature)
         loss = nll.sum() / n_tokens_total
         g_val += _flat(torch.autograd.grad(loss, params, allow_unused=True), params)
     return g_val
@@ -161,38 +174,110 @@ def scoring_backward(policy, forwards: list[ScoringForward], old_logprobs: torch
     """The backward half of onepass_scores: for each recorded forward (its `index` says which
     episodes of the buffer it holds), the backward of sum_i L_i, then the contraction of x and
     d with g_val. Returns the scores of all forwards' episodes in order, (n,) fp32."""
-    layers = [m for m in policy.modules() if isinstance(m, LoRALinear)]
-    params = lora_parameters(policy)
-    slices, offset = [], 0
-    for layer in layers:  # g_val is laid out as A, B of each layer in order (lora_parameters)
-        a, b = layer.lora_A.numel(), layer.lora_B.numel()
-        slices.append((g_val[offset:offset + a].view_as(layer.lora_A),
-                       g_val[offset + a:offset + a + b].view_as(layer.lora_B)))
-        offset += a + b
     scores = []
     for f in forwards:
-        idx = f.index.to(advantages.device)
-        loss = policy_loss(f.logprobs, old_logprobs[idx], advantages[idx], f.mask, clip_eps).sum()
-        torch.autograd.grad(loss, params, allow_unused=True)  # runs the backward; fills d, frees the graph
-        seen = f.seen
-        # Per layer, both terms in two matmuls: x [A; V_A]^T = [u, V_A x] and d [V_B, B] = [V_B^T d, B^T d],
-        # so their elementwise product summed over the last dim is d^T V_B u + (B^T d)^T V_A x.
-        # The matmuls run in the adapters' dtype (fp32); the sums over positions and layers (~10^5 terms of both signs
-        # per episode) are accumulated in float64.
-        part_scores = torch.zeros(len(idx), device=g_val.device, dtype=torch.float64)
-        with torch.no_grad():
-            for k, (layer, (V_A, V_B)) in enumerate(zip(layers, slices)):
-                dtype = layer.lora_A.dtype  # fp32 (LoRA weights always are), fp64 in the benchmark's check
-                if seen[k][1] is None:      # the layer ran but the loss does not depend on it: adds 0
-                    continue
-                x, d = seen[k][0].to(dtype), seen[k][1].to(dtype)                    # (n, L, in), (n, L, out)
-                left = x @ torch.cat([layer.lora_A, V_A.to(dtype)]).T                # (n, L, 2r)
-                right = d @ torch.cat([V_B.to(dtype), layer.lora_B], dim=1)          # (n, L, 2r)
-                per_position = (left * right).sum(-1)                                # (n, L)
-                part_scores += layer.scale * per_position.double().sum(-1)           # sum over positions
+        _episode_loss_backward(policy, f, old_logprobs, advantages, clip_eps)
+        scores.append(_contract(policy, f, g_val))
         f.seen = None                                                                # x and d: no longer needed
-        scores.append(part_scores.float())
     return torch.cat(scores)
+
+
+def batch_reference_scores(policy, forwards: list[ScoringForward], old_logprobs: torch.Tensor,
+                           advantages: torch.Tensor, *, clip_eps: float, leave_one_out: bool,
+                           reduce_sum=lambda x: x, n_total: int | None = None) -> torch.Tensor:
+    """DTV's scores from the same forwards: s_i = g_i . r with r = (1/N) sum_j g_j, or with
+    leave_one_out r_i = (sum_j g_j - g_i) / (N - 1), so s_i = (g_i . S - |g_i|^2) / (N - 1).
+    The backward of sum_j L_j that records d also returns S = sum_j g_j as the parameters'
+    gradient: no backward beyond the scoring's own. Every forward's x and d are kept until S is
+    complete. |g_i|^2 is formed per layer from episode i's gradient slices
+    (dL_i/dB = s d_i^T u_i, dL_i/dA = s (d_i B)^T x_i; (n, out, r) and (n, r, in) at a time).
+    Under torchrun `reduce_sum` sums S over ranks and `n_total` is N over all ranks.
+    Returns (n,) fp32 in the forwards' order."""
+    total = None
+    for f in forwards:
+        g = _episode_loss_backward(policy, f, old_logprobs, advantages, clip_eps)
+        total = g if total is None else total + g
+    total = reduce_sum(total)
+    n = sum(len(f.index) for f in forwards) if n_total is None else n_total
+    scores = []
+    for f in forwards:
+        dots = _contract(policy, f, total)
+        if leave_one_out:
+            scores.append((dots.double() - _squared_norms(policy, f)) / max(n - 1, 1))
+        else:
+            scores.append(dots.double() / n)
+        f.seen = None
+    return torch.cat(scores).float()
+
+
+def loop_reference_scores(episode_grads: torch.Tensor, *, leave_one_out: bool, reduce_sum=lambda x: x,
+                          n_total: int | None = None) -> torch.Tensor:
+    """DTV's scores from per-episode gradients (N, P): the readable reference of
+    batch_reference_scores (the same arguments, the same result; tested)."""
+    grads = episode_grads.double()
+    total = reduce_sum(grads.sum(0))
+    n = len(grads) if n_total is None else n_total
+    if leave_one_out:
+        return ((grads @ total - (grads * grads).sum(-1)) / max(n - 1, 1)).float()
+    return (grads @ total / n).float()
+
+
+def _episode_loss_backward(policy, f: ScoringForward, old_logprobs, advantages, clip_eps: float) -> torch.Tensor:
+    """The backward of the forward's summed policy loss sum_i L_i: fills d in f.seen and frees
+    the graph. Returns the parameters' gradient, sum_i g_i over its episodes, flat (P,)."""
+    params = lora_parameters(policy)
+    idx = f.index.to(advantages.device)
+    loss = policy_loss(f.logprobs, old_logprobs[idx], advantages[idx], f.mask, clip_eps).sum()
+    return _flat(torch.autograd.grad(loss, params, allow_unused=True), params)
+
+
+def _lora_slices(policy, vector: torch.Tensor) -> list:
+    """A flat (P,) vector laid out as lora_parameters (A, B of each layer in order), cut into
+    one (V_A, V_B) pair per LoRA layer."""
+    slices, offset = [], 0
+    for layer in (m for m in policy.modules() if isinstance(m, LoRALinear)):
+        a, b = layer.lora_A.numel(), layer.lora_B.numel()
+        slices.append((vector[offset:offset + a].view_as(layer.lora_A),
+                       vector[offset + a:offset + a + b].view_as(layer.lora_B)))
+        offset += a + b
+    return slices
+
+
+@torch.no_grad()
+def _contract(policy, f: ScoringForward, vector: torch.Tensor) -> torch.Tensor:
+    """g_i . vector for the forward's episodes from its recorded x and d. (n,) float64."""
+    layers = [m for m in policy.modules() if isinstance(m, LoRALinear)]
+    part_scores = torch.zeros(len(f.index), device=vector.device, dtype=torch.float64)
+    # Per layer, both terms in two matmuls: x [A; V_A]^T = [u, V_A x] and d [V_B, B] = [V_B^T d, B^T d],
+    # so their elementwise product summed over the last dim is d^T V_B u + (B^T d)^T V_A x.
+    # The matmuls run in the adapters' dtype (fp32); the sums over positions and layers (~10^5 terms of both signs
+    # per episode) are accumulated in float64.
+    for k, (layer, (V_A, V_B)) in enumerate(zip(layers, _lora_slices(policy, vector))):
+        dtype = layer.lora_A.dtype  # fp32 (LoRA weights always are), fp64 in the benchmark's check
+        if f.seen[k][1] is None:    # the layer ran but the loss does not depend on it: adds 0
+            continue
+        x, d = f.seen[k][0].to(dtype), f.seen[k][1].to(dtype)                     # (n, L, in), (n, L, out)
+        left = x @ torch.cat([layer.lora_A, V_A.to(dtype)]).T                    # (n, L, 2r)
+        right = d @ torch.cat([V_B.to(dtype), layer.lora_B], dim=1)              # (n, L, 2r)
+        per_position = (left * right).sum(-1)                                    # (n, L)
+        part_scores += layer.scale * per_position.double().sum(-1)               # sum over positions
+    return part_scores
+
+
+@torch.no_grad()
+def _squared_norms(policy, f: ScoringForward) -> torch.Tensor:
+    """|g_i|^2 for the forward's episodes from its recorded x and d, (n,) float64."""
+    layers = [m for m in policy.modules() if isinstance(m, LoRALinear)]
+    norms = torch.zeros(len(f.index), dtype=torch.float64, device=layers[0].lora_A.device)
+    for k, layer in enumerate(layers):
+        if f.seen[k][1] is None:
+            continue
+        dtype = layer.lora_A.dtype
+        x, d = f.seen[k][0].to(dtype), f.seen[k][1].to(dtype)                     # (n, L, in), (n, L, out)
+        grad_B = layer.scale * torch.einsum("nlo,nlr->nor", d, x @ layer.lora_A.T)  # (n, out, r)
+        grad_A = layer.scale * torch.einsum("nlr,nli->nri", d @ layer.lora_B, x)    # (n, r, in)
+        norms += grad_B.double().square().sum((1, 2)) + grad_A.double().square().sum((1, 2))
+    return norms
 
 
 def check_one_call_per_layer(policy, layers: list, calls: list[int]) -> None:
@@ -232,6 +317,13 @@ def random_filter(scores: torch.Tensor, generator: torch.Generator):
     keep = torch.zeros(len(scores), dtype=torch.bool)
     keep[chosen] = True
     keep = keep.to(scores.device)
+    return keep, keep.to(scores.dtype)
+
+
+def dtv_filter(scores: torch.Tensor):
+    """--reference batch | batch-loo: DTV keeps the episodes whose gradient does not oppose the
+    batch's (s_i >= 0), each weighted 1; it does not reweight."""
+    keep = scores >= 0
     return keep, keep.to(scores.dtype)
 
 

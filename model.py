@@ -151,6 +151,17 @@ class Policy(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
+    # Whether the value loss reaches the LoRA weights through the hidden states the head reads.
+    # Our choice is no (train.py sets it from --critic-grad, default head): the value head
+    # reads detached hidden states and the value loss trains the head alone.
+    value_through_adapters = False
+
+    def value(self, hidden: torch.Tensor) -> torch.Tensor:
+        """V(s) from hidden states (..., H): (...), fp32."""
+        if not self.value_through_adapters:
+            hidden = hidden.detach()
+        return self.value_head(hidden.float()).squeeze(-1)
+
     def hidden_states(self, input_ids, attention_mask, n_last: int) -> torch.Tensor:
         """The final hidden states of the last `n_last` positions, (N, n_last, H)."""
         # Left padding: positions count real tokens only, as generate() does.
@@ -172,7 +183,7 @@ class Policy(nn.Module):
 
     def forward(self, input_ids, attention_mask, n_last: int):
         hidden = self.hidden_states(input_ids, attention_mask, n_last)     # (N, n_last, H)
-        return self.logits(hidden), self.value_head(hidden.float()).squeeze(-1)   # (N, n_last, V), (N, n_last)
+        return self.logits(hidden), self.value(hidden)                     # (N, n_last, V), (N, n_last)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """LoRA and value-head tensors by name: what a checkpoint stores."""

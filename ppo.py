@@ -5,9 +5,9 @@ Shapes: N episodes, T response tokens (right-padded); per-token tensors are (N, 
 are (N,). Every function says over what it averages.
 
 Public functions:
-    kl_penalized_rewards(scores, logprobs, ref_logprobs, mask, beta) -> (rewards, kl)
+    kl_penalized_rewards(task_rewards, logprobs, ref_logprobs, mask, beta) -> (rewards, kl)
     gae(rewards, values, mask, gamma, lam)          -> (advantages, returns)   GAE, eq. 11-12
-    group_advantages(scores, groups, eps)           -> (N,) GRPO: (r_i - group mean) / (group std + eps)
+    group_advantages(rewards, groups, eps)          -> (N,) GRPO: (r_i - group mean) / (group std + eps)
     whiten(x, mask, eps, reduce_sum=None, std_floor=0) -> x normalised over all masked tokens
                                                        (reduce_sum: over ranks under torchrun)
     policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps) -> (N,) clipped surrogate
@@ -29,13 +29,13 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
 
 
-def kl_penalized_rewards(scores, logprobs, ref_logprobs, mask, beta: float):
+def kl_penalized_rewards(task_rewards, logprobs, ref_logprobs, mask, beta: float):
     """Per-token reward r_t = -beta * (log pi(a_t) - log pi_ref(a_t)), plus the episode's task
-    score at its last response token (Ouyang et al. 2022, eq. 2, as a per-token sum).
+    reward at its last response token (Ouyang et al. 2022, eq. 2, as a per-token sum).
 
-    scores (N,); logprobs, ref_logprobs, mask (N, T). Returns (rewards, kl), both (N, T),
+    task_rewards (N,); logprobs, ref_logprobs, mask (N, T). Returns (rewards, kl), both (N, T),
     where kl is the per-token estimate log pi - log pi_ref (zero outside the mask).
-    ref_logprobs None (not computed: beta must be 0) gives kl None and the task scores alone."""
+    ref_logprobs None (not computed: beta must be 0) gives kl None and the task rewards alone."""
     if ref_logprobs is None:
         if beta != 0:
             raise ValueError(f"kl_penalized_rewards: beta = {beta} needs the reference log-probs")
@@ -45,7 +45,7 @@ def kl_penalized_rewards(scores, logprobs, ref_logprobs, mask, beta: float):
         rewards = -beta * kl                                                # (N, T)
     last = (mask.sum(-1).long() - 1).clamp(min=0)                           # (N,) index of the last token
     has_tokens = mask.sum(-1) > 0
-    rewards[torch.arange(len(scores)), last] += scores * has_tokens
+    rewards[torch.arange(len(task_rewards)), last] += task_rewards * has_tokens
     return rewards, kl
 
 
@@ -70,16 +70,16 @@ def gae(rewards, values, mask, gamma: float, lam: float):
     return advantages, returns
 
 
-def group_advantages(scores: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """GRPO's group-relative advantage (Shao et al. 2024, DeepSeekMath, section 4.1.2, outcome
     supervision): A_i = (r_i - mean_g r) / (std_g r + eps) over the episodes g of i's prompt, with
     the population std (denominator |g|). A group whose rewards are all equal gets 0 everywhere;
-    a group of one episode too. scores, groups: (N,) (groups: any integer label per prompt).
+    a group of one episode too. rewards, groups: (N,) (groups: any integer label per prompt).
     Returns (N,); the caller gives every token of episode i the advantage A_i."""
-    advantages = torch.zeros_like(scores)
+    advantages = torch.zeros_like(rewards)
     for g in groups.unique():
         members = groups == g
-        r = scores[members]
+        r = rewards[members]
         advantages[members] = (r - r.mean()) / (r.std(unbiased=False) + eps)
     return advantages
 

@@ -25,6 +25,7 @@ import base64
 import html
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -188,6 +189,10 @@ def panels(run: Run) -> list[tuple[str, Callable]]:
                     lambda ax: draw_lines(ax, m, [("reward", "reward"), ("accuracy", "accuracy")], "mean per episode")))
     if has("eval_accuracy"):
         out.append(("greedy eval accuracy (± stderr)", lambda ax: draw_eval(ax, m)))
+    if has("unfaithful_of_correct") or has("eval_unfaithful_of_correct"):
+        out.append(("unfaithful share of the correct answers",
+                    lambda ax: draw_lines(ax, m, [("unfaithful_of_correct", "sampled episodes"),
+                                                  ("eval_unfaithful_of_correct", "greedy eval")], "share")))
     if has("kept_fraction"):
         out.append(("kept fraction (s_i > 0)", lambda ax: draw_kept(ax, m)))
     if scores_by_iteration(run.episodes):
@@ -223,7 +228,9 @@ def write_plots(run_dir) -> Path:
         axes[0].text(0.5, 0.5, "no metrics in this run yet", ha="center", va="center")
     fig.suptitle(f"{run.path.name}  ({run_kind(run.config)})", fontsize=11)
     out = run.path / "plots.png"
-    fig.savefig(out)
+    tmp = run.path / "plots.png.tmp"      # whole, then renamed: a reader never sees half a picture
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, out)
     return out
 
 

@@ -9,6 +9,7 @@ Public functions:
     encode_prompts(tokenizer, texts)                 -> (ids, mask), chat template if any
     encode_pairs(tokenizer, prompts, responses)      -> Sequences (reference solutions, for SFT)
     generate_rollouts(policy, tokenizer, prompts, ...) -> Rollouts
+    sample(lm, prompt_ids, prompt_mask, ...)         -> (tokens, sampler log-probs): temperature sampling
     plain_generate(lm, ids, mask, config)            generate() with no logits processor but `config`'s
     token_logprobs(policy, seqs, temperature)        -> (logprobs, values, entropy or None), (N, T)
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass, fields
 
 import torch
 from tqdm import tqdm
-from transformers import GenerationConfig
+from transformers import DynamicCache, GenerationConfig
 
 from model import adapters_disabled, eos_token_ids
 
@@ -64,6 +65,7 @@ class Rollouts(Sequences):
     old_logprobs: torch.Tensor = None   # (N, T) log pi_old(a_t | s_t), logits / temperature
     ref_logprobs: torch.Tensor = None   # (N, T) log pi_ref(a_t | s_t), adapters off, same temperature
     values: torch.Tensor = None         # (N, T) V_old(s_t)
+    sampler_logprobs: torch.Tensor = None  # (N, T) log-prob of each token as the sampler drew it (KV cache)
     truncated: torch.Tensor = None      # (N,) bool: hit max_new_tokens without EOS
     prompt_index: list = None           # (N,) which prompt of the batch each episode answers
     responses: list = None              # (N,) decoded response text (without EOS)
@@ -116,7 +118,7 @@ def token_logprobs(policy, seqs: Sequences, temperature: float = 1.0, with_entro
     mask = seqs.response_mask
     # Position P-1+t predicts response token t: keep the last T+1 positions, drop the final one.
     hidden = policy.hidden_states(input_ids, attention_mask, n_last=T + 1)[:, :-1]   # (N, T, H)
-    values = policy.value_head(hidden.float()).squeeze(-1) * mask                     # (N, T)
+    values = policy.value(hidden) * mask                                             # (N, T)
     if lean and policy.softcap is None:
         where = mask.bool()
         weight = policy.lm.get_output_embeddings().weight                             # (V, H), frozen
@@ -199,6 +201,46 @@ def plain_generate(lm, input_ids, attention_mask, config: GenerationConfig) -> t
 
 
 @torch.no_grad()
+def sample(lm, prompt_ids, prompt_mask, *, n_samples: int, max_new_tokens: int, temperature: float,
+           eos_ids: list[int], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n_samples responses to each of B left-padded prompts (B, P) by pure temperature sampling,
+    a_t ~ softmax(logits_t / temperature): no top-k, top-p or any other logits processor (our
+    choice), so pi_old is exactly the distribution the tokens came from, and nothing in the
+    model's own generation_config can change it. With a KV cache; each prompt's forward (its
+    prefill) runs once and its cache is shared by its n samples, which changes no probability.
+    After its EOS a response is padded with `pad`; sampling stops when every response has
+    ended or after max_new_tokens.
+    Returns (tokens (B * n, L), logprobs (B * n, L)): the responses in prompt order, n per
+    prompt, and the log-probability of each sampled token under the distribution it was drawn
+    from, as the sampler computed it (0 after EOS)."""
+    position = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)                    # left padding: real tokens only
+    cache = DynamicCache()
+    out = lm(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position, cache=cache,
+             use_cache=True, logits_to_keep=1)
+    cache.batch_repeat_interleave(n_samples)                                       # B prompts -> B * n rows
+    logits = out.logits[:, -1].float().repeat_interleave(n_samples, 0)            # (B * n, V)
+    mask = prompt_mask.repeat_interleave(n_samples, 0)
+    position = position[:, -1:].repeat_interleave(n_samples, 0)
+    eos = torch.tensor(eos_ids, device=prompt_ids.device)
+    done = torch.zeros(len(mask), dtype=torch.bool, device=prompt_ids.device)
+    tokens, logprobs = [], []
+    for _ in range(max_new_tokens):
+        logp = torch.log_softmax(logits / temperature, dim=-1)                     # (B * n, V)
+        token = torch.multinomial(logp.exp(), 1).squeeze(-1)                       # a_t ~ pi(. | s_t)
+        token = torch.where(done, torch.full_like(token, pad), token)
+        tokens.append(token)
+        logprobs.append(torch.where(done, 0.0, logp.gather(-1, token[:, None]).squeeze(-1)))
+        done = done | torch.isin(token, eos)
+        if bool(done.all()):
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        position = position + 1
+        out = lm(input_ids=token[:, None], attention_mask=mask, position_ids=position, cache=cache, use_cache=True)
+        logits = out.logits[:, -1].float()
+    return torch.stack(tokens, 1), torch.stack(logprobs, 1)
+
+
+@torch.no_grad()
 def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, max_new_tokens: int,
                       temperature: float, seed: int, batch_size: int = 16, progress: bool = True,
                       old: bool = True, reference: bool = True) -> Rollouts:
@@ -217,18 +259,18 @@ def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, 
     prompt_ids = prompt_ids.repeat_interleave(n_samples, 0).to(device)        # (N, P)
     prompt_mask = prompt_mask.repeat_interleave(n_samples, 0).to(device)      # (N, P)
     N, P = prompt_ids.shape
-    # Our choice: plain temperature sampling (no top-k/top-p), so pi_old is exactly the
-    # distribution the tokens came from (plain_generate keeps the model's own
-    # generation_config, e.g. a repetition_penalty, out of it).
-    gen_config = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-                                  max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad)
-    generated = []
+    generated, sampler_lp = [], []
+    per_call = max(1, batch_size // n_samples)                               # prompts per sampling call
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        for s in tqdm(range(0, N, batch_size), desc="sampling", unit="batch", disable=not progress, leave=False):
-            out = plain_generate(policy.lm, prompt_ids[s:s + batch_size], prompt_mask[s:s + batch_size], gen_config)
-            generated += list(out[:, P:].cpu())
+        for s in tqdm(range(0, N, per_call * n_samples), desc="sampling", unit="batch", disable=not progress,
+                      leave=False):
+            rows = slice(s, s + per_call * n_samples, n_samples)             # each prompt once
+            tokens, logprobs = sample(policy.lm, prompt_ids[rows], prompt_mask[rows], n_samples=n_samples,
+                                      max_new_tokens=max_new_tokens, temperature=temperature, eos_ids=eos_ids, pad=pad)
+            generated += list(tokens.cpu())
+            sampler_lp += list(logprobs.cpu())
     T = max(1, max(len(g) for g in generated))
     response_ids = torch.full((N, T), pad, dtype=torch.long)
     response_mask = torch.zeros(N, T)
@@ -241,8 +283,12 @@ def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, 
         response_ids[i, :length] = g[:length]
         response_mask[i, :length] = 1.0
         texts.append(tokenizer.decode(g[:length], skip_special_tokens=True))
+    sampler_logprobs = torch.zeros(N, T)
+    for i, lp in enumerate(sampler_lp):
+        sampler_logprobs[i, :len(lp)] = lp[:T]
     rollouts = Rollouts(prompt_ids, prompt_mask, response_ids.to(device), response_mask.to(device),
-                        truncated=truncated, prompt_index=[i // n_samples for i in range(N)], responses=texts)
+                        truncated=truncated, prompt_index=[i // n_samples for i in range(N)], responses=texts,
+                        sampler_logprobs=(sampler_logprobs.to(device) * response_mask.to(device)))
     if old or reference:
         rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = _score_tokens(policy, rollouts, temperature,
                                                                                       batch_size, reference, old)

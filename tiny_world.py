@@ -318,9 +318,10 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check_shipped(folder: Path = SHIPPED_DIR) -> Path:
-    """The shipped tiny-arith folder, after checking each pinned file's sha256; a missing or
-    changed file is refused, naming it."""
+def check_shipped(folder: Path | None = None) -> Path:
+    """The shipped tiny-arith folder (default SHIPPED_DIR), after checking each pinned file's
+    sha256; a missing or changed file is refused, naming it."""
+    folder = SHIPPED_DIR if folder is None else folder
     for name, expected in SHIPPED_SHA256.items():
         path = Path(folder) / name
         if not path.is_file():

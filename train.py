@@ -43,8 +43,9 @@ from data import load_task, make_prompt
 from distributed import Dist
 from distributed import setup as setup_distributed
 from evaluate import evaluate
-from influence import (binary_filter, detection_auc, episode_gradients, filter_and_reweight, influence_scores,
-                       onepass_scores, random_filter, scoring_backward, scoring_forward, sft_nll, validation_gradient)
+from influence import (batch_reference_scores, binary_filter, detection_auc, dtv_filter, episode_gradients,
+                       filter_and_reweight, influence_scores, loop_reference_scores, onepass_scores, random_filter,
+                       scoring_backward, scoring_forward, sft_nll, validation_gradient)
 from model import adapters_disabled, inspect_model, load_adapter, load_policy, load_reference_adapter
 from ppo import (approx_kl, clip_fraction, explained_variance, gae, group_advantages, kl_penalized_rewards, masked_mean,
                  policy_loss, value_loss, whiten)
@@ -96,17 +97,18 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         golds = [examples[j].gold for j in rollouts.prompt_index]
         require_finite(it, "rollout", old_logprobs=rollouts.old_logprobs, values=rollouts.values,
                        ref_logprobs=rollouts.ref_logprobs)
+        drift = sampler_drift(rollouts, next(policy.lm.parameters()).dtype, dist)   # sampler vs pi_old
 
     with timer("reward"):
         flipped = planted_flips(cfg, it, len(rollouts), dist.rank)                        # (N,) bools
-        scores = torch.tensor([reward_fn(text, gold, cfg.dataset, bool(trunc), cfg.truncation_penalty, flip)
+        rewards = torch.tensor([reward_fn(text, gold, cfg.dataset, bool(trunc), cfg.truncation_penalty, flip)
                                for text, gold, trunc, flip in zip(rollouts.responses, golds, rollouts.truncated,
                                                                   flipped)],
                               device=rollouts.response_mask.device)                      # (N,)
-        require_finite(it, "reward", scores=scores)
+        require_finite(it, "reward", rewards=rewards)
 
     with timer("advantages"):
-        advantages, returns, kl, critic = compute_advantages(cfg, rollouts, scores, dist)  # (N, T) each
+        advantages, returns, kl, critic = compute_advantages(cfg, rollouts, rewards, dist)  # (N, T) each
 
     with timer("influence"):
         keep, weights, influence = select_episodes(it, cfg, policy, rollouts, advantages, val_seqs, dist,
@@ -120,12 +122,12 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         else:
             update = {"skipped": True}
 
-    return iteration_records(it, cfg, examples, rollouts, scores, flipped, kl, keep, weights, n_kept,
-                             influence | critic, update, dist)
+    return iteration_records(it, cfg, examples, rollouts, rewards, flipped, kl, keep, weights, n_kept,
+                             influence | critic | drift, update, dist)
 
 
-def compute_advantages(cfg: Config, rollouts, scores: torch.Tensor, dist: Dist = SINGLE):
-    """r_t = -beta (log pi_old - log pi_ref) + score at the last token (ppo.kl_penalized_rewards);
+def compute_advantages(cfg: Config, rollouts, rewards: torch.Tensor, dist: Dist = SINGLE):
+    """r_t = -beta (log pi_old - log pi_ref) + the task reward R_i at the last token (ppo.kl_penalized_rewards);
     A_t, R_t = GAE(gamma, lambda) (ppo.gae); A whitened over the response tokens of the whole
     batch, all ranks', its std floored at --adv-std-floor (ppo.whiten). Returns (advantages,
     returns, kl), each (N, T) (kl None at --kl-beta 0, where pi_ref is not computed), and the
@@ -134,15 +136,15 @@ def compute_advantages(cfg: Config, rollouts, scores: torch.Tensor, dist: Dist =
     With --advantage grpo: ppo.group_advantages of the episodes' summed rewards on every token,
     not whitened, no returns (zeros) and no critic."""
     mask = rollouts.response_mask
-    rewards, kl = kl_penalized_rewards(scores, rollouts.old_logprobs, rollouts.ref_logprobs, mask, cfg.kl_beta)
+    token_rewards, kl = kl_penalized_rewards(rewards, rollouts.old_logprobs, rollouts.ref_logprobs, mask, cfg.kl_beta)
     if cfg.advantage == "grpo":
         # Our choice: the KL penalty enters GRPO as the episode's summed per-token reward (the
         # same total as PPO's), before the group normalisation.
-        group_adv = group_advantages(rewards.sum(-1), torch.as_tensor(rollouts.prompt_index, device=mask.device))
+        group_adv = group_advantages(token_rewards.sum(-1), torch.as_tensor(rollouts.prompt_index, device=mask.device))
         advantages, returns = group_adv[:, None] * mask, torch.zeros_like(mask)              # (N, T)
         ev = float("nan")                                                                 # no critic
     else:
-        advantages, returns = gae(rewards, rollouts.values, mask, cfg.gamma, cfg.lam)
+        advantages, returns = gae(token_rewards, rollouts.values, mask, cfg.gamma, cfg.lam)
         ev = explained_variance(rollouts.values, returns, mask, reduce_sum=dist.sum)
     n_tokens = dist.sum(mask.sum()).clamp(min=1.0)
     critic = {"advantage_mean": (dist.sum((advantages * mask).sum()) / n_tokens).item(),
@@ -174,7 +176,8 @@ def theta_old_forwards(it: int, cfg: Config, policy, rollouts, scoring: bool, di
     advantages, and the filter into kept episodes, when every reward is equal)."""
     order = torch.arange(len(rollouts))
     if not scoring:   # every episode is kept (no influence): the first minibatch holds them all
-        _, _, order = minibatch_plan(it, cfg, torch.ones(len(rollouts), dtype=torch.bool), dist)[0]
+        every = torch.ones(len(rollouts), dtype=torch.bool, device=rollouts.response_mask.device)
+        order = minibatch_plan(it, cfg, every, every, dist)[0][-1]
     forwards, ref = [], []
     for index in chunks(order, cfg.micro_batch_size):
         part = rollouts.select(index)
@@ -205,24 +208,16 @@ def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs, dis
     N = len(rollouts)
     if cfg.influence == "off":  # plain PPO: every episode, weight 1
         return torch.ones(N, dtype=torch.bool, device=advantages.device), torch.ones(N, device=advantages.device), {}
-    # g_val over the whole validation set: each rank's share divided by the token count of all shares, summed.
-    n_val_tokens = dist.sum(val_seqs.response_mask.sum())
-    g_val = dist.sum(validation_gradient(policy, val_seqs, cfg.val_batch_size, progress=cfg.progress,
-                                         n_tokens=n_val_tokens))                                      # (P,)
-    require_finite(it, "influence", g_val=g_val)
-    if cfg.influence_method == "loop":
-        grads = episode_gradients(policy, rollouts, advantages, clip_eps=cfg.clip_eps,
-                                  temperature=cfg.temperature, progress=cfg.progress)                # (N, P)
-        scores = influence_scores(grads, g_val)                                                       # (N,)
-    elif forwards is not None:
-        scores = scoring_backward(policy, forwards, rollouts.old_logprobs, advantages, g_val, clip_eps=cfg.clip_eps)
+    if cfg.reference == "validation":
+        scores, g_val = validation_scores(it, cfg, policy, rollouts, advantages, val_seqs, dist, forwards)
     else:
-        scores = onepass_scores(policy, rollouts, advantages, g_val, clip_eps=cfg.clip_eps,
-                                temperature=cfg.temperature, batch_size=cfg.micro_batch_size)         # (N,)
+        scores, g_val = batch_scores(cfg, policy, rollouts, advantages, dist, forwards), None
     all_scores = dist.cat(scores)                                                                     # (N_all,)
     require_finite(it, "influence", scores=all_scores)
     if cfg.random_filter:
         keep, weights = random_filter(all_scores, torch.Generator().manual_seed(derived_seed(cfg.seed, it, FILTER)))
+    elif cfg.reference != "validation":
+        keep, weights = dtv_filter(all_scores)
     elif cfg.reweight:
         keep, weights = filter_and_reweight(all_scores)
     else:
@@ -234,35 +229,77 @@ def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs, dis
     return keep[mine], weights[mine], {"weight_ess": ess,
         "score_mean": all_scores.mean().item(), "score_min": all_scores.min().item(),
         "score_max": all_scores.max().item(), "positive_fraction": (all_scores > 0).float().mean().item(),
-        "g_val_norm": g_val.norm().item(), "scores": scores.tolist()}
+        "g_val_norm": None if g_val is None else g_val.norm().item(), "scores": scores.tolist()}
+
+
+def validation_scores(it, cfg: Config, policy, rollouts, advantages, val_seqs, dist: Dist = SINGLE, forwards=None):
+    """I-PPO's s_i = g_i . g_val for this rank's episodes, and g_val. Both gradients are taken
+    at the sampling temperature (our choice, influence.py's docstring says why)."""
+    # g_val over the whole validation set: each rank's share divided by the token count of all shares, summed.
+    n_val_tokens = dist.sum(val_seqs.response_mask.sum())
+    g_val = dist.sum(validation_gradient(policy, val_seqs, cfg.val_batch_size, progress=cfg.progress,
+                                         n_tokens=n_val_tokens, temperature=cfg.temperature))         # (P,)
+    require_finite(it, "influence", g_val=g_val)
+    if cfg.influence_method == "loop":
+        grads = episode_gradients(policy, rollouts, advantages, clip_eps=cfg.clip_eps,
+                                  temperature=cfg.temperature, progress=cfg.progress)                # (N, P)
+        return influence_scores(grads, g_val), g_val                                                  # (N,)
+    if forwards is not None:
+        return scoring_backward(policy, forwards, rollouts.old_logprobs, advantages, g_val, clip_eps=cfg.clip_eps), g_val
+    return onepass_scores(policy, rollouts, advantages, g_val, clip_eps=cfg.clip_eps,
+                          temperature=cfg.temperature, batch_size=cfg.micro_batch_size), g_val       # (N,)
+
+
+def batch_scores(cfg: Config, policy, rollouts, advantages, dist: Dist = SINGLE, forwards=None) -> torch.Tensor:
+    """DTV's validation-free scores (--reference batch | batch-loo) for this rank's episodes:
+    g_i . the mean gradient of all ranks' episodes (without episode i for batch-loo)."""
+    loo, n_total = cfg.reference == "batch-loo", int(dist.sum(torch.tensor(float(len(rollouts)), device=advantages.device)))
+    if cfg.influence_method == "loop":
+        grads = episode_gradients(policy, rollouts, advantages, clip_eps=cfg.clip_eps,
+                                  temperature=cfg.temperature, progress=cfg.progress)                # (N, P)
+        return loop_reference_scores(grads, leave_one_out=loo, reduce_sum=dist.sum, n_total=n_total)
+    if forwards is None:   # every forward first: the reference needs all episodes' gradients
+        forwards = []
+        for index in chunks(torch.arange(len(rollouts)), cfg.micro_batch_size):
+            forwards.append(scoring_forward(policy, rollouts.select(index), cfg.temperature))
+            forwards[-1].index = index
+    return batch_reference_scores(policy, forwards, rollouts.old_logprobs, advantages, clip_eps=cfg.clip_eps,
+                                  leave_one_out=loo, reduce_sum=dist.sum, n_total=n_total)
 
 
 def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns, keep, weights,
                dist: Dist = SINGLE, first_forwards: list | None = None) -> dict:
-    """PPO epochs over the kept episodes D'. Per optimizer step on a minibatch M of D':
-        loss = (1/|M|) sum_{i in M} [ w_i L_clip_i + c_v L_V_i - c_e H_i ]
-    (per-episode losses are token means; the value loss is unweighted, our choice). Each epoch
-    shuffles D' and splits it into ceil(|D'| / --minibatch-size) minibatches of balanced sizes
-    (our choice), so with --minibatch-size >= |D'| this is exactly the objective of the
-    algorithm box. Under torchrun D' spans the ranks: every rank draws the same shuffle of all
-    kept episodes, works on its own episodes of each minibatch, and the gradients are summed
-    over ranks before the step, so K ranks take the steps one process would.
+    """PPO epochs over the buffer. Per optimizer step on a minibatch M:
+        loss = (1/|M & D'|) sum_{i in M & D'} [ w_i L_clip_i - c_e H_i ]  +  c_v (1/|M & C|) sum_{i in M & C} L_V_i
+    where D' is the kept episodes and C the critic's (--critic-episodes: all of them by default,
+    or D'); per-episode losses are token means and the value loss is unweighted (our choices).
+    Each epoch shuffles every episode of the buffer and splits them into
+    ceil(N / --minibatch-size) minibatches of balanced sizes (our choice): every method takes
+    the same number of optimizer steps, however many episodes its filter keeps. With
+    --minibatch-size >= N this is exactly the objective of the algorithm box. Under torchrun
+    every rank draws the same shuffle of all episodes, works on its own episodes of each
+    minibatch, and the gradients are summed over ranks before the step, so K ranks take the
+    steps one process would.
     `first_forwards` (train.theta_old_forwards, --passes shared): the first step's forward over
     every episode, already run at theta_old; only its backward is left."""
     device = advantages.device
-    steps = minibatch_plan(it, cfg, keep, dist)
+    critic = cfg.advantage == "gae" and cfg.vf_coef > 0
+    uses = keep if not critic or cfg.critic_episodes == "kept" else torch.ones_like(keep)   # (N,) whose forward counts
+    value_on = uses if critic else torch.zeros_like(keep)                                   # (N,) in the value loss
+    steps = minibatch_plan(it, cfg, keep, value_on, dist)
     n_minibatches = len(steps) // cfg.ppo_epochs
     params = [p for p in policy.parameters() if p.requires_grad]
-    sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0,
-            "visits": 0.0}
+    sums = {"policy_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "policy_visits": 0.0,
+            "value_loss": 0.0, "value_visits": 0.0}
     # pi_theta / pi_old over the tokens of the first minibatch, before any step: 1 up to rounding
     # (anything else means the old log-probs are not those of the policy being updated).
     ratio_sum, ratio_count, ratio_max = 0.0, 0.0, 0.0
     if first_forwards is not None and (n_minibatches != 1 or not bool(keep.all())):
         raise RuntimeError("the update's first forward is run ahead only when one minibatch holds every episode")
-    for step, (epoch, size, minibatch) in enumerate(tqdm(steps, desc="updating", unit="step",
-                                                         disable=not cfg.progress, leave=False)):
+    for step, (epoch, n_policy, n_value, minibatch) in enumerate(tqdm(steps, desc="updating", unit="step",
+                                                                      disable=not cfg.progress, leave=False)):
         optimizer.zero_grad(set_to_none=True)
+        minibatch = minibatch[uses[minibatch.to(device)].cpu()]   # skip episodes that add nothing
         if step == 0 and first_forwards is not None:   # every episode, forward already run at theta_old
             forwards = ((f.index, f.logprobs, f.values, f.entropy) for f in first_forwards)
         else:                                          # (n, T) each, one micro-batch at a time
@@ -270,52 +307,62 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
                         for micro in chunks(minibatch, cfg.micro_batch_size))
         for micro, logprobs, values, entropy in forwards:
             part = rollouts.select(micro)
+            on_policy, on_value = keep[micro].float(), value_on[micro].float()          # (n,) each
             pg = policy_loss(logprobs, part.old_logprobs, advantages[micro], part.response_mask, cfg.clip_eps)  # (n,)
             vf = value_loss(values, part.values, returns[micro], part.response_mask, cfg.value_clip_eps)       # (n,)
             ent = masked_mean(entropy, part.response_mask)                                    # (n,)
-            vf_coef = cfg.vf_coef if cfg.advantage == "gae" else 0.0                      # GRPO: no critic
             # At c_e = 0 the entropy (logged) stays out of the graph: no backward through it.
-            bonus = cfg.ent_coef * ent.sum() if cfg.ent_coef else 0.0
-            loss = ((weights[micro] * pg).sum() + vf_coef * vf.sum() - bonus) / size
+            bonus = cfg.ent_coef * (on_policy * ent).sum() if cfg.ent_coef else 0.0
+            loss = ((weights[micro] * on_policy * pg).sum() - bonus) / max(n_policy, 1)
+            if critic:
+                loss = loss + cfg.vf_coef * (on_value * vf).sum() / max(n_value, 1)
             require_finite(it, f"update, epoch {epoch + 1}", loss=loss)
             loss.backward()
-            sums["policy_loss"] += pg.sum().item()
-            sums["value_loss"] += vf.sum().item()
-            sums["entropy"] += ent.sum().item()
-            sums["clip_fraction"] += clip_fraction(logprobs, part.old_logprobs, part.response_mask, cfg.clip_eps).sum().item()
-            sums["approx_kl"] += approx_kl(logprobs.detach(), part.old_logprobs, part.response_mask).sum().item()
-            sums["visits"] += len(micro)
+            sums["policy_loss"] += (on_policy * pg).sum().item()
+            sums["entropy"] += (on_policy * ent).sum().item()
+            sums["clip_fraction"] += (on_policy * clip_fraction(logprobs, part.old_logprobs, part.response_mask,
+                                                                cfg.clip_eps)).sum().item()
+            sums["approx_kl"] += (on_policy * approx_kl(logprobs.detach(), part.old_logprobs,
+                                                        part.response_mask)).sum().item()
+            sums["policy_visits"] += on_policy.sum().item()
+            sums["value_loss"] += (on_value * vf).sum().item()
+            sums["value_visits"] += on_value.sum().item()
             if step == 0:
-                ratio = torch.exp(logprobs.detach() - part.old_logprobs)[part.response_mask.bool()]
+                ratio = torch.exp(logprobs.detach() - part.old_logprobs)[part.response_mask.bool() & keep[micro, None]]
                 ratio_sum, ratio_count = ratio_sum + ratio.sum().item(), ratio_count + ratio.numel()
                 ratio_max = max(ratio_max, ratio.max().item() if ratio.numel() else 0.0)
         dist.sum_grads(params)
         clip_and_step(it, cfg, policy, optimizer)
-    # Reported: unweighted means over every episode visit of every epoch, all ranks.
+    # Reported: unweighted means over every visit of a kept episode (the value loss: of an
+    # episode in the value loss) in every epoch, all ranks.
     total = dict(zip(sums, dist.sum(torch.tensor(list(sums.values()), dtype=torch.float64, device=device)).tolist()))
-    visits = total.pop("visits")
+    policy_visits, value_visits = total.pop("policy_visits"), total.pop("value_visits")
     as_tensor = lambda *xs: torch.tensor(xs, dtype=torch.float64, device=device)  # noqa: E731
     ratio_sum, ratio_count = dist.sum(as_tensor(ratio_sum, ratio_count)).tolist()
     ratio_max = dist.cat(as_tensor(ratio_max)).max().item()                              # over ranks
-    return {k: v / visits for k, v in total.items()} | {
-        "optimizer_steps": len(steps), "ratio_first_mean": ratio_sum / max(ratio_count, 1.0),
-        "ratio_first_max": ratio_max}
+    out = {k: v / max(policy_visits, 1.0) for k, v in total.items() if k != "value_loss"}
+    return out | {"value_loss": total["value_loss"] / value_visits if value_visits else None,
+                  "optimizer_steps": len(steps), "ratio_first_mean": ratio_sum / max(ratio_count, 1.0),
+                  "ratio_first_max": ratio_max}
 
 
-def minibatch_plan(it: int, cfg: Config, keep: torch.Tensor, dist: Dist = SINGLE) -> list:
-    """The update's optimizer steps: [(epoch, |M|, this rank's part of M)], |M| counting all ranks'
-    episodes, the part as indices into this rank's episodes. Each epoch shuffles D' (the kept
-    episodes, as indices into all ranks' episodes in rank order) and splits it into
-    ceil(|D'| / --minibatch-size) minibatches; the draw is the same in every rank and for any
-    number of ranks."""
-    kept_all = dist.cat(keep.float()).nonzero().squeeze(-1).cpu()
+def minibatch_plan(it: int, cfg: Config, keep: torch.Tensor, value_on: torch.Tensor, dist: Dist = SINGLE) -> list:
+    """The update's optimizer steps: [(epoch, |M & D'|, |M & C|, this rank's part of M)], the
+    counts over all ranks' episodes (D' the kept ones, C those in the value loss), the part as
+    indices into this rank's episodes. Each epoch shuffles every episode of the buffer (as
+    indices into all ranks' episodes in rank order) and splits them into
+    ceil(N / --minibatch-size) minibatches: the same steps whatever the filter keeps; the draw
+    is the same in every rank and for any number of ranks."""
+    keep_all, value_all = dist.cat(keep.float()).cpu(), dist.cat(value_on.float()).cpu()
+    n_all = len(keep_all)
     first = dist.offset(len(keep))                    # this rank's episodes are [first, first + N)
-    n_minibatches = math.ceil(len(kept_all) / cfg.minibatch_size)
+    n_minibatches = math.ceil(n_all / cfg.minibatch_size)
     generator = torch.Generator().manual_seed(derived_seed(cfg.seed, it, MINIBATCHES))
     steps = []
     for epoch in range(cfg.ppo_epochs):
-        for mb in kept_all[torch.randperm(len(kept_all), generator=generator)].tensor_split(n_minibatches):
-            steps.append((epoch, len(mb), mb[(mb >= first) & (mb < first + len(keep))] - first))
+        for mb in torch.randperm(n_all, generator=generator).tensor_split(n_minibatches):
+            steps.append((epoch, int(keep_all[mb].sum()), int(value_all[mb].sum()),
+                          mb[(mb >= first) & (mb < first + len(keep))] - first))
     return steps
 
 
@@ -351,7 +398,7 @@ def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
 
 # ----------------------------------------------------------------------------- bookkeeping
 
-def iteration_records(it, cfg: Config, examples, rollouts, scores, flipped, kl, keep, weights, n_kept: int,
+def iteration_records(it, cfg: Config, examples, rollouts, rewards, flipped, kl, keep, weights, n_kept: int,
                       influence: dict, update: dict, dist: Dist = SINGLE) -> tuple[dict, list]:
     """Bookkeeping of ppo_iteration: the metrics of the iteration (means over all ranks'
     episodes, each with its denominator) and one record per episode (all ranks', rank order)."""
@@ -362,14 +409,14 @@ def iteration_records(it, cfg: Config, examples, rollouts, scores, flipped, kl, 
     # arith: is the reasoning behind each answer faithful (reasoning.py)? None on other tasks.
     labels = ([reasoning_label(t, examples[j].solution, examples[j].gold)
                for t, j in zip(rollouts.responses, rollouts.prompt_index)] if cfg.dataset == "arith" else None)
-    warnings = batch_warnings(cfg, dist.cat(scores), dist.cat(rollouts.truncated.to(mask.device, torch.float32)).bool(),
-                              n_kept)
+    warnings = batch_warnings(cfg, dist.cat(rewards), dist.cat(rollouts.truncated.to(mask.device, torch.float32)).bool(),
+                              n_kept, influence)
     for what in warnings.values():
         if dist.is_main:
             print(f"[it {it + 1}] warning: {what}", file=sys.stderr)
     # Sums and counts over all ranks first, then the means.
     total = dict(zip(("reward", "correct", "unparsed", "truncated", "tokens", "episodes", "kl"), dist.sum(torch.tensor(
-        [scores.sum().item(), sum(correct), sum(a is None for a in answers), rollouts.truncated.sum().item(),
+        [rewards.sum().item(), sum(correct), sum(a is None for a in answers), rollouts.truncated.sum().item(),
          mask.sum().item(), len(rollouts), 0.0 if kl is None else kl.sum().item()],
         dtype=torch.float64, device=mask.device)).tolist()))
     per_episode = {k: total[k] / total["episodes"] for k in ("reward", "correct", "unparsed", "truncated", "tokens")}
@@ -397,7 +444,7 @@ def iteration_records(it, cfg: Config, examples, rollouts, scores, flipped, kl, 
     if warnings:
         metrics["warnings"] = list(warnings)
     episodes = [{"iteration": it + 1, "prompt": examples[j].question, "gold": golds[i], "response": rollouts.responses[i],
-                 "answer": answers[i], "reward": scores[i].item(), "truncated": bool(rollouts.truncated[i]),
+                 "answer": answers[i], "reward": rewards[i].item(), "truncated": bool(rollouts.truncated[i]),
                  "score": influence["scores"][i] if "scores" in influence else None,
                  "kept": bool(keep[i]), "weight": weights[i].item(), "flipped": flipped[i],
                  "reasoning": None if labels is None else labels[i]}
@@ -481,10 +528,39 @@ def require_finite(it: int, phase: str, **tensors: torch.Tensor) -> None:
                                      f"(phase: {phase})")
 
 
-def batch_warnings(cfg: Config, rewards: torch.Tensor, truncated: torch.Tensor, n_kept: int) -> dict[str, str]:
+# How far the sampler's log-probs of its own tokens may be from pi_old's before a warning, in
+# nats per token (largest over the batch's response tokens). Both are log-softmax(logits / T) of
+# the same weights, once through the KV-cache decode and once through the full forward, so they
+# differ by rounding alone. Measured on CPU (bench/sampler_drift.py, docs/sampler-drift.md): a
+# largest gap of 1.4e-5 (tiny world) and 1.7e-5 (Gemma-3-270M) in fp32, exactly 0 in bf16 on the
+# CPU's kernels. Our thresholds: 1e-3 in fp32, about 60 times the largest gap measured; 0.5 in
+# bf16, not measured on a GPU, where the decode and the full forward take different attention
+# kernels: a bf16 logit of size 20-30 carries about 0.1 of rounding, so 0.5 nats is a few times
+# that. A gap beyond it means the tokens were not drawn from the distribution PPO takes as pi_old.
+SAMPLER_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.5, torch.float16: 0.5}
+
+
+def sampler_drift(rollouts, dtype: torch.dtype, dist: Dist = SINGLE) -> dict:
+    """|log pi_sampler(a_t) - log pi_old(a_t)| over all ranks' response tokens: the largest and
+    the mean, and the tolerance for the model's dtype. pi_sampler is what the sampler computed
+    as it drew the token (rollout.sample); pi_old is the full forward that PPO's ratio uses."""
+    mask = rollouts.response_mask
+    gap = (rollouts.sampler_logprobs - rollouts.old_logprobs).abs() * mask                     # (N, T)
+    total, count = dist.sum(torch.stack([gap.sum().double(), mask.sum().double()])).tolist()
+    largest = dist.cat(gap.max().reshape(1).double()).max().item()
+    return {"sampler_gap_max": largest, "sampler_gap_mean": total / max(count, 1.0),
+            "sampler_tolerance": SAMPLER_TOLERANCE.get(dtype, 1.0)}
+
+
+def batch_warnings(cfg: Config, rewards: torch.Tensor, truncated: torch.Tensor, n_kept: int,
+                   drift: dict | None = None) -> dict[str, str]:
     """Degenerate iterations: handled (the run goes on) but logged, {name: explanation}.
-    rewards, truncated: (N,) over all episodes of the iteration (all ranks)."""
+    rewards, truncated: (N,) over all episodes of the iteration (all ranks); drift: sampler_drift's."""
     warnings = {}
+    if drift and drift.get("sampler_gap_max", 0.0) > drift["sampler_tolerance"]:
+        warnings["sampler_gap"] = (f"the sampler's log-prob of a sampled token differs from pi_old's by up to "
+                                   f"{drift['sampler_gap_max']:.2g} nats (tolerance {drift['sampler_tolerance']:g} "
+                                   "for this dtype): the episodes were not drawn from the pi_old that PPO uses")
     if bool((rewards == rewards[0]).all()):
         warnings["rewards_equal"] = (f"all {len(rewards)} rewards are {rewards[0].item():g}: no reward signal, "
                                      "the advantages carry only the KL penalty and the value error")
@@ -510,8 +586,10 @@ def log_line(it: int, cfg: Config, m: dict, seconds: dict) -> str:
                      f"[{m['score_min']:+.2e}, {m['score_max']:+.2e}]")
         body += f" | kl {m['kl']:.4f}" if "kl" in m else " |"
         if not m.get("skipped"):
-            body += (f" pg {m['policy_loss']:+.4f} vf {m['value_loss']:.4f} ent {m['entropy']:.3f} "
-                     f"clip {m['clip_fraction']:.3f} akl {m['approx_kl']:.4f} ratio0 {m['ratio_first_max']:.3f}")
+            vf = "-" if m["value_loss"] is None else f"{m['value_loss']:.4f}"      # GRPO: no critic
+            body += (f" pg {m['policy_loss']:+.4f} vf {vf} ent {m['entropy']:.3f} "
+                     f"clip {m['clip_fraction']:.3f} akl {m['approx_kl']:.4f} ratio0 {m['ratio_first_max']:.3f} "
+                     f"gap {m['sampler_gap_max']:.0e}")
         ev = m["explained_variance"]
         body += f" | adv {m['advantage_mean']:+.3f} ev " + ("n/a" if ev is None else f"{ev:+.2f}")
         if m.get("unfaithful_of_correct") is not None:   # arith: unfaithful share of the correct episodes
@@ -599,6 +677,7 @@ def main(argv=None) -> Path:
                                     trust_remote_code=cfg.trust_remote_code, quiet=not dist.is_main)
     # Every rank starts from rank 0's trainable tensors (equal already when the seeds agree), checked.
     dist.broadcast_tensors([p for p in policy.parameters() if p.requires_grad])
+    policy.value_through_adapters = cfg.critic_grad == "adapters"     # our choice: head (model.Policy)
     optimizer = make_optimizer(cfg, policy)
 
     # Our choice: the validation set is the last val_size rows of the training split, the same
@@ -655,6 +734,8 @@ def main(argv=None) -> Path:
             say(log_line(it, cfg, metrics, timer.seconds), flush=True)
             if dist.is_main:
                 commit_iteration(run_dir, it, cfg, metrics, episodes, policy, optimizer)
+                if cfg.plots and "eval_accuracy" in metrics and not last:
+                    write_plots(run_dir)     # the curve so far, for whoever opens plots.png mid-run
             if stop:
                 say(f"[stop] kept fraction {metrics['kept_fraction']:.2f} < --stop-below-kept {cfg.stop_below_kept}")
                 break

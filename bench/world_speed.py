@@ -71,7 +71,7 @@ def main() -> None:
         for pair in range(args.pairs):
             order = list(WORLDS) if pair % 2 == 0 else list(WORLDS)[::-1]
             for name in order:
-                rows = run(WORLDS[name], args.iterations, args.seed, Path(tmp) / f"{pair}-{len(per_pair[name])}")
+                rows = run(WORLDS[name], args.iterations, args.seed, Path(tmp) / f"{pair}-{list(WORLDS).index(name)}")
                 timed = rows[1:] if len(rows) > 1 else rows
                 seconds = statistics.median(sum(r["seconds"].values()) for r in timed)
                 episodes = statistics.mean(r["episodes"] for r in timed)

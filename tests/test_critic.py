@@ -134,8 +134,9 @@ def test_ratio_and_kl_diagnostics_see_wrong_old_logprobs(tiny_dir):
 
 def test_sampled_logprobs_are_those_of_the_sampling_distribution(tiny_dir, tmp_path):
     """A model whose generation_config sets repetition_penalty 2.0: the episodes must still be
-    drawn from softmax(logits / T), the distribution whose log-probs PPO records as pi_old.
-    generate()'s own processed scores (what it sampled from) are compared with old_logprobs."""
+    drawn from softmax(logits / T), the distribution whose log-probs PPO records as pi_old. The
+    sampler's own log-probs of the tokens it drew (what it sampled from) are compared with
+    old_logprobs; a repetition penalty applied while sampling would show as a gap."""
     from transformers import GenerationConfig
 
     model_dir = tmp_path / "penalised"
@@ -143,23 +144,9 @@ def test_sampled_logprobs_are_those_of_the_sampling_distribution(tiny_dir, tmp_p
     GenerationConfig(repetition_penalty=2.0, no_repeat_ngram_size=2).save_pretrained(model_dir)
     policy, tok = load_policy(str(model_dir), quiet=True)
     assert policy.lm.generation_config.repetition_penalty == 2.0
-    sampled_from = []
-    real_generate = policy.lm.generate
-
-    def generate_with_scores(*args, generation_config, **kwargs):
-        config = GenerationConfig(**generation_config.to_diff_dict())
-        config.return_dict_in_generate, config.output_scores = True, True
-        out = real_generate(*args, generation_config=config, **kwargs)
-        sampled_from.append(torch.stack(out.scores, 1).log_softmax(-1))          # (N, steps, V)
-        return out.sequences
-
-    policy.lm.generate = generate_with_scores
     rollouts = generate_rollouts(policy, tok, ["Question: 12 + 34\nAnswer:", "Question: 5 - 3\nAnswer:"],
                                  n_samples=3, max_new_tokens=12, temperature=0.8, seed=0, batch_size=16,
                                  progress=False)
-    (logp,) = sampled_from
-    T = rollouts.response_ids.shape[1]
-    drawn = logp[:, :T].gather(-1, rollouts.response_ids[:, :, None]).squeeze(-1)  # (N, T)
     mask = rollouts.response_mask.bool()
-    torch.testing.assert_close(drawn[mask], rollouts.old_logprobs[mask], rtol=1e-4, atol=1e-4)
-    assert policy.lm.generation_config.repetition_penalty == 2.0               # the model's config is back
+    torch.testing.assert_close(rollouts.sampler_logprobs[mask], rollouts.old_logprobs[mask], rtol=1e-4, atol=1e-4)
+    assert policy.lm.generation_config.repetition_penalty == 2.0               # the model's config is untouched

@@ -266,7 +266,7 @@ def nan_old_logprobs(theta_old_forwards):
 
 @pytest.mark.parametrize("name, corrupt, phase, tensor", [
     ("theta_old_forwards", nan_old_logprobs, "rollout", "old_logprobs"),
-    ("reward_fn", lambda r: float("inf"), "reward", "scores"),
+    ("reward_fn", lambda r: float("inf"), "reward", "rewards"),
     ("validation_gradient", with_nan, "influence", "g_val"),
     ("scoring_backward", with_nan, "influence", "scores"),
     ("policy_loss", with_nan, "update, epoch 1", "loss"),

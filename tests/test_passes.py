@@ -104,8 +104,9 @@ def test_the_scoring_forward_gives_the_old_pass_numbers(tiny_dir):
     old, values = buf.old_logprobs.clone(), buf.values.clone()
     for scoring in (False, True):       # the update's first forward, then the scoring's
         forwards = train.theta_old_forwards(1, cfg, policy, buf, scoring=scoring)
-        torch.testing.assert_close(buf.old_logprobs, old, rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(buf.values, values, rtol=1e-6, atol=1e-6)
+        # fp32 rounding of forwards over other batch shapes: a few 1e-6 on log-probs of size 1-10
+        torch.testing.assert_close(buf.old_logprobs, old, rtol=2e-6, atol=5e-6)
+        torch.testing.assert_close(buf.values, values, rtol=2e-6, atol=5e-6)
     advantages = torch.randn(buf.response_mask.shape, generator=g) * buf.response_mask
     g_val = validation_gradient(policy, encode_pairs(tok, ["Q: 2+2?"], ["#### 4"]))
     shared = scoring_backward(policy, forwards, buf.old_logprobs, advantages, g_val, clip_eps=0.2)
@@ -150,5 +151,5 @@ def test_without_influence_pi_old_comes_from_the_update_and_equals_the_separate_
     for it in (1, 2):   # updated parameters
         ta = load_file(runs["separate"] / "checkpoints" / f"iter_{it:06d}" / "adapter.safetensors")
         tb = load_file(runs["shared"] / "checkpoints" / f"iter_{it:06d}" / "adapter.safetensors")
-        for name in ta:
-            assert (ta[name] - tb[name]).abs().max() <= 1e-6 * max(1.0, ta[name].abs().max().item()), (it, name)
+        for name in ta:  # fp32 rounding: the two paths sum in other orders
+            assert (ta[name] - tb[name]).abs().max() <= 2e-6 * max(1.0, ta[name].abs().max().item()), (it, name)

@@ -167,3 +167,18 @@ def test_report_renders_in_headless_chromium(tmp_path):
     image = assert_png(shot, min_width=1200, min_height=1600)
     colours = np.unique((image[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)
     assert len(colours) > 16, f"the screenshot is (nearly) blank: {len(colours)} distinct colours"
+
+
+def test_plots_png_is_redrawn_at_every_evaluation(tiny_dir, tmp_path, monkeypatch):
+    """A student who opens plots.png mid-run sees the curve so far: train.main redraws it after
+    every evaluation (and once more at the end)."""
+    import train
+    drawn = []
+    real = train.write_plots
+    monkeypatch.setattr(train, "write_plots", lambda run_dir: drawn.append(
+        sum(1 for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines())) or real(run_dir))
+    train.main(["--model", tiny_dir, "--run-dir", str(tmp_path / "r"), "--iterations", "4", "--eval-every", "2",
+                "--prompts-per-iter", "2", "--samples-per-prompt", "2", "--max-new-tokens", "4", "--eval-limit", "2",
+                "--eval-max-new-tokens", "4", "--val-size", "2", "--no-progress", "--data-source", "local"])
+    assert drawn == [3, 5]                  # after iteration 2 (rows 0-2), and at the end (rows 0-4)
+    assert (tmp_path / "r" / "plots.png").stat().st_size > 0 and not (tmp_path / "r" / "plots.png.tmp").exists()

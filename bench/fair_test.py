@@ -1,0 +1,337 @@
+"""The fair test of the influence filter: does I-PPO beat PPO on the tiny world, and why or why not?
+
+Everything below was fixed before any run of this script was looked at:
+
+  world and recipe  configs/tiny.toml (tiny-arith, 3-number problems with planted shortcut
+                    solutions, 32 prompts x 4 samples, temperature 0.5, one minibatch, 2 epochs),
+                    ITERATIONS iterations: PPO gained 17.8 to 19.4 points by iteration 150 in the
+                    three seeds of the learning runs, so 150 clears the 15 points asked of it
+  methods           METHODS: PPO, I-PPO (filter + reweight), I-PPO with the binary filter, the
+                    random-filter control (drops as many episodes as I-PPO, at random), GRPO,
+                    and DTV's validation-free reference (leave-one-out batch mean, filter only)
+  confounds         none left between them: the critic learns from every episode, the value loss
+                    trains the value head alone, every method takes the same optimizer steps,
+                    g_val and g_i at one temperature (README, "Choices the paper leaves open")
+  learning rates    each method's own, chosen by one rule from LR_GRID on held-out training rows
+                    (phase "tune": --eval-split dev --eval-limit 400, seed TUNE_SEED, noise 0,
+                    TUNE_ITERATIONS iterations, evaluated every 25; the lr with the highest mean
+                    dev accuracy over the evaluations at iterations 50, 75 and 100; a tie goes
+                    to the smaller lr). The test split is never used to choose anything.
+  seeds and noise   SEEDS x NOISE (reward noise: each episode's correctness flipped with
+                    probability 0.2 before the reward; episodes.jsonl records which)
+  measured          greedy exact match on all 500 test problems every 10 iterations, with the
+                    unfaithful share of the correct answers (reasoning.py)
+
+Phase "grid" runs PPO without noise for every seed first (configs/tiny.toml with --seed: the
+README's learning runs), then seed by seed (every other method and noise level of seed 0, then
+seed 1, ...), so that an interrupted grid holds whole seeds. It resumes: a finished run is left as it is, a
+started one continues from its last checkpoint (train.py --resume). Two runs at a time, one
+thread each, is the default on 2 cores.
+
+    HF_HUB_OFFLINE=1 python bench/fair_test.py                       # tune, then the grid; again to resume
+    HF_HUB_OFFLINE=1 python bench/fair_test.py --hours 2             # start no run after 2 hours
+    HF_HUB_OFFLINE=1 python bench/fair_test.py --report              # only the report, from what is done
+
+Writes runs/fair-test/ (tune/, grid/, tuned.json) and the report docs/fair-test.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT)]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from compare import finished, half_width_95, train_command  # noqa: E402
+from influence import detection_auc  # noqa: E402
+
+import torch  # noqa: E402
+
+RECIPE = "configs/tiny.toml"
+ITERATIONS = 150
+SEEDS = [0, 1, 2, 3, 4]
+NOISE = [0.0, 0.2]
+METHODS = {   # slug: (label, train.py flags)
+    "ppo": ("PPO", ["--influence", "off"]),
+    "ippo": ("I-PPO", ["--influence", "on"]),
+    "ippo-binary": ("I-PPO, binary filter", ["--influence", "on", "--no-reweight"]),
+    "random-filter": ("random filter", ["--influence", "on", "--random-filter"]),
+    "grpo": ("GRPO", ["--influence", "off", "--advantage", "grpo"]),
+    "dtv": ("DTV (batch reference)", ["--influence", "on", "--reference", "batch-loo"]),
+}
+LR_GRID = [5e-4, 1e-3, 2e-3]
+TUNE_SEED = 100
+TUNE_ITERATIONS = 100
+TUNE_EVALS = (50, 75, 100)
+
+
+def tune_jobs(out: Path) -> list[dict]:
+    return [{"name": f"{m}-lr{lr:g}", "method": m, "lr": lr, "iterations": TUNE_ITERATIONS,
+             "run_dir": out / "tune" / f"{m}-lr{lr:g}",
+             "argv": [RECIPE, *METHODS[m][1], "--lr", f"{lr:g}", "--seed", str(TUNE_SEED), "--eval-split", "dev",
+                      "--eval-limit", "400", "--eval-every", "25", "--no-plots", "--no-progress"]}
+            for m in METHODS for lr in LR_GRID]
+
+
+def tuned_lrs(out: Path) -> dict[str, dict]:
+    """Per method whose tuning runs have all finished: the chosen lr and the dev accuracies."""
+    chosen = {}
+    for m in METHODS:
+        jobs = [j for j in tune_jobs(out) if j["method"] == m]
+        if not all(finished(j) for j in jobs):
+            continue
+        table = {}
+        for j in jobs:
+            evals = {r["iteration"]: r["eval_accuracy"] for r in read_metrics(j["run_dir"]) if "eval_accuracy" in r}
+            table[j["lr"]] = {"dev": evals, "score": statistics.mean(evals[i] for i in TUNE_EVALS)}
+        best = max(sorted(table), key=lambda lr: table[lr]["score"])     # sorted: a tie keeps the smaller lr
+        chosen[m] = {"lr": best, "table": table}
+    return chosen
+
+
+def grid_jobs(out: Path, lrs: dict[str, dict]) -> list[dict]:
+    """PPO without noise for every seed first (they are also the README's learning runs:
+    configs/tiny.toml with --seed), then seed by seed everything else."""
+    jobs = []
+    order = [(s, 0.0, "ppo") for s in SEEDS] + [(s, p, m) for s in SEEDS for p in NOISE for m in METHODS
+                                                 if (p, m) != (0.0, "ppo")]
+    for seed, noise, m in order:
+        if m not in lrs:
+            continue
+        jobs.append({"name": f"{m}-noise{noise:g}-seed{seed}", "method": m, "seed": seed, "noise": noise,
+                     "iterations": ITERATIONS, "run_dir": out / "grid" / f"{m}-noise{noise:g}-seed{seed}",
+                     "argv": [RECIPE, *METHODS[m][1], "--lr", f"{lrs[m]['lr']:g}", "--seed", str(seed),
+                              "--reward-noise", f"{noise:g}", "--eval-every", "10", "--eval-limit", "500",
+                              "--no-plots", "--no-progress"]})
+    return jobs
+
+
+def run_all(jobs: list[dict], parallel: int, deadline: float) -> list[str]:
+    """Run the unfinished jobs, `parallel` processes of one thread each, starting none after
+    `deadline` (time.time()); a failed job is reported and the others go on. Returns the
+    names of the failed ones."""
+    pending = [j for j in jobs if not finished(j)]
+    print(f"[fair-test] {len(jobs) - len(pending)} of {len(jobs)} runs done before", file=sys.stderr)
+    running, failed = [], []
+    while running or (pending and time.time() < deadline):
+        while pending and len(running) < parallel and time.time() < deadline:
+            j = pending.pop(0)
+            j["run_dir"].parent.mkdir(parents=True, exist_ok=True)
+            argv = train_command(j, progress=False)
+            print(f"[fair-test] {time.strftime('%H:%M')} {j['name']}: train.py {' '.join(argv)}", file=sys.stderr)
+            log = open(f"{j['run_dir']}.log", "a")
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            running.append((j, subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv], cwd=ROOT,
+                                                stdout=log, stderr=subprocess.STDOUT, env=env), log))
+        time.sleep(1.0)
+        for item in list(running):
+            j, proc, log = item
+            if proc.poll() is not None:
+                running.remove(item)
+                log.close()
+                if proc.returncode != 0:
+                    failed.append(j["name"])
+                    print(f"[fair-test] {j['name']} failed (exit {proc.returncode}); see {j['run_dir']}.log",
+                          file=sys.stderr)
+    if pending:
+        print(f"[fair-test] deadline: {len(pending)} runs not started; run again to go on", file=sys.stderr)
+    return failed
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+# ----------------------------------------------------------------------------- the report
+
+def summarize(job: dict) -> dict:
+    """One finished run: start and final greedy em, unfaithful share of the correct greedy
+    answers, mean accuracy over the evaluations (area under the curve), kept fraction early
+    and late, training minutes, flip AUC; and the filter's signal from its episodes."""
+    rows = read_metrics(job["run_dir"])
+    evals = {r["iteration"]: r for r in rows if "eval_accuracy" in r}
+    kept = [r["kept_fraction"] for r in rows if "kept_fraction" in r]
+    aucs = [r["flip_auc"] for r in rows if r.get("flip_auc") is not None]
+    return {"method": job["method"], "seed": job["seed"], "noise": job["noise"],
+            "start": evals[0]["eval_accuracy"], "final": evals[ITERATIONS]["eval_accuracy"],
+            "auc_curve": statistics.mean(e["eval_accuracy"] for i, e in evals.items() if i > 0),
+            "unfaithful": evals[ITERATIONS].get("eval_unfaithful_of_correct"),
+            "kept_early": statistics.mean(kept[:10]), "kept_late": statistics.mean(kept[-10:]),
+            "minutes": sum(sum(v for k, v in r.get("seconds", {}).items() if k != "eval") for r in rows) / 60,
+            "flip_auc": statistics.mean(aucs) if aucs else None, "signal": filter_signal(job["run_dir"])}
+
+
+def filter_signal(run_dir: Path) -> dict | None:
+    """From a scored run's episodes.jsonl: per third of the run (iterations 1-50, 51-100, 101-150),
+    the AUC of the scores for correct vs wrong and, among the correct, faithful vs unfaithful,
+    with the kept share of each class. None when the run has no scores."""
+    path = run_dir / "episodes.jsonl"
+    if not path.exists():
+        return None
+    thirds = {}
+    with open(path) as f:
+        for line in f:
+            e = json.loads(line)
+            if e.get("score") is None:
+                return None
+            thirds.setdefault(min((e["iteration"] - 1) * 3 // ITERATIONS, 2), []).append(e)
+    out = {}
+    for third, eps in sorted(thirds.items()):
+        scores = torch.tensor([e["score"] for e in eps], dtype=torch.float64)
+        correct = torch.tensor([e["reasoning"] in ("faithful", "unfaithful") for e in eps])
+        faithful = torch.tensor([e["reasoning"] == "faithful" for e in eps])
+        kept = torch.tensor([e["kept"] for e in eps])
+        share = lambda m: kept[m].double().mean().item() if bool(m.any()) else None   # noqa: E731
+        out[third] = {"episodes": len(eps),
+                      "auc_correct": detection_auc(scores, correct),
+                      "auc_faithful": detection_auc(scores[correct], faithful[correct]),
+                      "kept_faithful": share(faithful), "kept_unfaithful": share(correct & ~faithful),
+                      "kept_wrong": share(~correct)}
+    return out
+
+
+def cell(values: list, digits: int = 3, scale: float = 1.0) -> str:
+    values = [v * scale for v in values if v is not None]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {half_width_95(values):.{digits}f}"
+
+
+def paired(results: list[dict], method: str, noise: float, key: str) -> list[float]:
+    """method minus PPO, seed by seed, over the seeds both finished."""
+    base = {r["seed"]: r[key] for r in results if r["method"] == "ppo" and r["noise"] == noise}
+    return [r[key] - base[r["seed"]] for r in results if r["method"] == method and r["noise"] == noise
+            and r["seed"] in base and r[key] is not None and base[r["seed"]] is not None]
+
+
+def verdict(diffs: list[float], better: int) -> str:
+    """'held' when the 95% interval of the mean paired difference lies on the side `better`
+    (+1: above 0, -1: below), 'reversed' when it lies on the other side, else 'not shown'."""
+    if len(diffs) < 2:
+        return "too few seeds"
+    mean, h = statistics.mean(diffs), half_width_95(diffs)
+    if mean - h > 0:
+        return "held" if better > 0 else "reversed"
+    if mean + h < 0:
+        return "held" if better < 0 else "reversed"
+    return "not shown (the interval holds 0)"
+
+
+def write_report(out: Path, path: Path) -> None:
+    lrs = tuned_lrs(out)
+    done = [j for j in grid_jobs(out, lrs) if finished(j)]
+    results = [summarize(j) for j in done]
+    lines = ["# The fair test of the influence filter (tiny world)", "",
+             "Produced by `HF_HUB_OFFLINE=1 python bench/fair_test.py` (the design, fixed before any run, is its "
+             "docstring); this page is rewritten from whatever runs have finished with `--report`. "
+             f"{len(done)} of {len(SEEDS) * len(NOISE) * len(METHODS)} runs are done. Every cell is the mean over the "
+             "finished seeds ± the half-width of its 95% t-interval; differences to PPO are paired by seed.", "",
+             "## Learning rates, chosen on held-out training rows", "",
+             f"Seed {TUNE_SEED}, {TUNE_ITERATIONS} iterations, noise 0; dev accuracy (400 held-out training rows) at "
+             f"iterations {', '.join(map(str, TUNE_EVALS))}, and their mean (the rule's score):", "",
+             "| method | " + " | ".join(f"lr {lr:g}" for lr in LR_GRID) + " | chosen |",
+             "|---|" + "---|" * (len(LR_GRID) + 1)]
+    for m, t in lrs.items():
+        cells = [" / ".join(f"{t['table'][lr]['dev'][i]:.3f}" for i in TUNE_EVALS) + f" (**{t['table'][lr]['score']:.3f}**)"
+                 for lr in LR_GRID]
+        lines.append(f"| {METHODS[m][0]} | " + " | ".join(cells) + f" | {t['lr']:g} |")
+    missing = [METHODS[m][0] for m in METHODS if m not in lrs]
+    if missing:
+        lines += ["", f"Not tuned yet: {', '.join(missing)}."]
+    for noise in NOISE:
+        rows = [r for r in results if r["noise"] == noise]
+        if not rows:
+            continue
+        lines += ["", f"## Reward noise {noise:g}", "",
+                  "| method | seeds | final em | change (pt) | - PPO (pt, paired) | mean em over evaluations - PPO (pt) "
+                  "| unfaithful share of correct greedy answers | - PPO (paired) | kept fraction, first -> last 10 "
+                  "iterations | flip AUC | training min |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for m in METHODS:
+            rs = [r for r in rows if r["method"] == m]
+            if not rs:
+                continue
+            seeds = ",".join(str(r["seed"]) for r in rs)
+            kept = (f"{cell([r['kept_early'] for r in rs], 2)} -> {cell([r['kept_late'] for r in rs], 2)}"
+                    if m in ("ippo", "ippo-binary", "random-filter", "dtv") else "1")
+            minus = lambda key, scale=100.0, d=1: "-" if m == "ppo" else cell(paired(results, m, noise, key), d, scale)  # noqa: E731
+            lines.append(f"| {METHODS[m][0]} | {seeds} | {cell([r['final'] for r in rs])} | "
+                         f"{cell([r['final'] - r['start'] for r in rs], 1, 100)} | {minus('final')} | "
+                         f"{minus('auc_curve')} | {cell([r['unfaithful'] for r in rs], 2)} | "
+                         f"{minus('unfaithful', 1.0, 2)} | {kept} | {cell([r['flip_auc'] for r in rs], 2)} | "
+                         f"{cell([r['minutes'] for r in rs], 1)} |")
+    if results:
+        lines += ["", "## The paper's claims, tested", "",
+                  "I-PPO against PPO, paired by seed; a claim holds when the 95% interval of the paired difference "
+                  "excludes 0 on the claimed side.", "",
+                  "| claim | noise | I-PPO - PPO | verdict |", "|---|---|---|---|"]
+        for noise in NOISE:
+            for key, what, better, scale, d in (
+                    ("final", "higher final accuracy (greedy em, pt)", 1, 100.0, 1),
+                    ("auc_curve", "faster learning (mean em over all evaluations, pt)", 1, 100.0, 1),
+                    ("unfaithful", "less unfaithful reasoning (unfaithful share of correct greedy answers)", -1, 1.0, 2)):
+                diffs = paired(results, "ippo", noise, key)
+                if diffs:
+                    lines.append(f"| {what} | {noise:g} | {cell(diffs, d, scale)} | {verdict(diffs, better)} |")
+            early_late = [r["kept_late"] - r["kept_early"] for r in results if r["method"] == "ippo" and r["noise"] == noise]
+            if early_late:
+                lines.append(f"| fewer episodes kept as training converges (kept fraction, last - first 10 "
+                             f"iterations) | {noise:g} | {cell(early_late, 2)} | {verdict(early_late, -1)} |")
+        signal = [(r, third, s) for r in results if r["signal"] for third, s in r["signal"].items()]
+        if signal:
+            lines += ["", "## Where the filter has signal: the scores of the runs' own episodes", "",
+                      "AUC of the influence scores (0.5: chance) for telling correct from wrong episodes, and among "
+                      "the correct ones faithful from unfaithful reasoning, with the share of each class kept; per "
+                      "third of the run (each third about 6,400 episodes a run), over seeds and noise levels.", "",
+                      "| method | noise | iterations | AUC correct vs wrong | AUC faithful vs unfaithful "
+                      "| kept: faithful | unfaithful | wrong |", "|---|---|---|---|---|---|---|---|"]
+            for m in ("ippo", "ippo-binary", "random-filter", "dtv"):
+                for noise in NOISE:
+                    for third in range(3):
+                        ss = [s for r, t, s in signal if r["method"] == m and r["noise"] == noise and t == third]
+                        if ss:
+                            span = f"{third * ITERATIONS // 3 + 1}-{(third + 1) * ITERATIONS // 3}"
+                            lines.append(f"| {METHODS[m][0]} | {noise:g} | {span} | "
+                                         f"{cell([s['auc_correct'] for s in ss], 2)} | "
+                                         f"{cell([s['auc_faithful'] for s in ss], 2)} | "
+                                         f"{cell([s['kept_faithful'] for s in ss], 2)} | "
+                                         f"{cell([s['kept_unfaithful'] for s in ss], 2)} | "
+                                         f"{cell([s['kept_wrong'] for s in ss], 2)} |")
+    path.write_text("\n".join(lines) + "\n")
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"[fair-test] wrote {path} ({len(done)} runs)", file=sys.stderr)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(ROOT / "runs" / "fair-test"))
+    parser.add_argument("--report-to", default=str(ROOT / "docs" / "fair-test.md"))
+    parser.add_argument("--parallel", type=int, default=2, help="runs at a time, one thread each")
+    parser.add_argument("--hours", type=float, default=float("inf"), help="start no run after this many hours")
+    parser.add_argument("--report", action="store_true", help="only write the report from the finished runs")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    deadline = time.time() + args.hours * 3600
+    if not args.report:
+        failed = run_all(tune_jobs(out), args.parallel, deadline)
+        lrs = tuned_lrs(out)
+        (out / "tuned.json").write_text(json.dumps({m: t["lr"] for m, t in lrs.items()}, indent=1))
+        failed += run_all(grid_jobs(out, lrs), args.parallel, deadline)
+        if failed:
+            print(f"[fair-test] failed: {', '.join(failed)}", file=sys.stderr)
+    write_report(out, Path(args.report_to))
+
+
+if __name__ == "__main__":
+    main()

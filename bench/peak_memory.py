@@ -1,0 +1,76 @@
+"""Peak memory of one I-PPO iteration at the paper-style shape, --passes shared against separate.
+
+    HF_HUB_OFFLINE=1 python bench/peak_memory.py                  # offline Gemma-3-270M, GSM8K, CPU
+    python bench/peak_memory.py --device cuda --dtype bf16        # on a GPU
+
+One iteration of train.py, I-PPO, 16 prompts x 4 samples = 64 episodes of up to 256 new
+tokens, --micro-batch-size 4, each path in a fresh process. On the CPU the figure is the
+process's peak resident memory (ru_maxrss), printed next to the resident memory once the model
+is loaded (the same load in a process of its own); on a GPU torch.cuda.max_memory_allocated.
+--passes shared keeps the graph of every episode's scoring forward alive until the scores (its
+memory grows with prompts x samples); --passes separate holds --micro-batch-size episodes' graph
+at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = """
+import json, resource, sys, torch
+sys.path.insert(0, {root!r})
+import train
+from model import load_policy
+argv = json.loads(sys.argv[1])
+if argv == ["--load-only"]:
+    load_policy("gemma-3-270m", device={device!r}, dtype={dtype!r}, quiet=True)
+else:
+    train.main(argv)
+gpu = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+print(json.dumps({{"rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "gpu_gib": gpu}}))
+"""
+
+
+def run(argv: list[str], device: str, dtype: str) -> dict:
+    code = CHILD.format(root=str(ROOT), device=device, dtype=dtype)
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    figures = {"load only": run(["--load-only"], args.device, args.dtype)}
+    with tempfile.TemporaryDirectory() as tmp:
+        for passes in ("shared", "separate"):
+            argv = ["--model", "gemma-3-270m", "--dataset", "gsm8k", "--data-source", "local", "--influence", "on",
+                    "--iterations", "1", "--prompts-per-iter", "16", "--samples-per-prompt", "4",
+                    "--max-new-tokens", "256", "--micro-batch-size", "4", "--gen-batch-size", "16",
+                    "--val-batch-size", "2", "--eval-every", "0", "--no-plots", "--no-progress",
+                    "--device", args.device, "--dtype", args.dtype, "--passes", passes,
+                    "--run-dir", f"{tmp}/{passes}"]
+            figures[passes] = run(argv, args.device, args.dtype)
+            rows = [json.loads(line) for line in Path(f"{tmp}/{passes}/metrics.jsonl").read_text().splitlines()]
+            figures[passes] |= {"seconds": rows[-1]["seconds"], "response_tokens": rows[-1]["response_tokens"]}
+            print(f"{passes}: {figures[passes]}", file=sys.stderr)
+    print(f"{'path':<10} {'peak RSS GiB':>13} {'GPU peak GiB':>13}")
+    for name, f in figures.items():
+        gpu = "-" if f["gpu_gib"] is None else f"{f['gpu_gib']:.2f}"
+        print(f"{name:<10} {f['rss_gib']:>13.2f} {gpu:>13}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
