@@ -233,7 +233,8 @@ def write_report(out: Path, path: Path) -> None:
     done = [j for j in grid_jobs(out, lrs) if finished(j)]
     results = [summarize(j) for j in done]
     lines = ["# The fair test of the influence filter (tiny world)", "",
-             "Produced by `HF_HUB_OFFLINE=1 python bench/fair_test.py` (the design, fixed before any run, is its "
+             "Produced by `HF_HUB_OFFLINE=1 python bench/fair_test.py` (per-run figures: `fair-test-results.json`, "
+             "chosen learning rates: `fair-test-tuned.json`) (the design, fixed before any run, is its "
              "docstring); this page is rewritten from whatever runs have finished with `--report`. "
              f"{len(done)} of {len(SEEDS) * len(NOISE) * len(METHODS)} runs are done. Every cell is the mean over the "
              "finished seeds ± the half-width of its 95% t-interval; differences to PPO are paired by seed.", "",
@@ -310,6 +311,8 @@ def write_report(out: Path, path: Path) -> None:
                                          f"{cell([s['kept_wrong'] for s in ss], 2)} |")
     path.write_text("\n".join(lines) + "\n")
     (out / "results.json").write_text(json.dumps(results, indent=1))
+    path.with_name("fair-test-results.json").write_text(json.dumps(results, indent=1))
+    path.with_name("fair-test-tuned.json").write_text(json.dumps({m: t["lr"] for m, t in lrs.items()}, indent=1))
     print(f"[fair-test] wrote {path} ({len(done)} runs)", file=sys.stderr)
 
 
