@@ -56,6 +56,9 @@ from influence import detection_auc  # noqa: E402
 import torch  # noqa: E402
 
 RECIPE = "configs/tiny.toml"
+# Every run shares pi_old's forward with the scoring or the update (the default of the code when
+# the grid started); the same numbers as --passes separate up to float rounding (tests/test_passes.py).
+PASSES = ["--passes", "shared"]
 ITERATIONS = 150
 SEEDS = [0, 1, 2, 3, 4]
 NOISE = [0.0, 0.2]
@@ -76,7 +79,7 @@ TUNE_EVALS = (50, 75, 100)
 def tune_jobs(out: Path) -> list[dict]:
     return [{"name": f"{m}-lr{lr:g}", "method": m, "lr": lr, "iterations": TUNE_ITERATIONS,
              "run_dir": out / "tune" / f"{m}-lr{lr:g}",
-             "argv": [RECIPE, *METHODS[m][1], "--lr", f"{lr:g}", "--seed", str(TUNE_SEED), "--eval-split", "dev",
+             "argv": [RECIPE, *METHODS[m][1], *PASSES, "--lr", f"{lr:g}", "--seed", str(TUNE_SEED), "--eval-split", "dev",
                       "--eval-limit", "400", "--eval-every", "25", "--no-plots", "--no-progress"]}
             for m in METHODS for lr in LR_GRID]
 
@@ -108,7 +111,7 @@ def grid_jobs(out: Path, lrs: dict[str, dict]) -> list[dict]:
             continue
         jobs.append({"name": f"{m}-noise{noise:g}-seed{seed}", "method": m, "seed": seed, "noise": noise,
                      "iterations": ITERATIONS, "run_dir": out / "grid" / f"{m}-noise{noise:g}-seed{seed}",
-                     "argv": [RECIPE, *METHODS[m][1], "--lr", f"{lrs[m]['lr']:g}", "--seed", str(seed),
+                     "argv": [RECIPE, *METHODS[m][1], *PASSES, "--lr", f"{lrs[m]['lr']:g}", "--seed", str(seed),
                               "--reward-noise", f"{noise:g}", "--eval-every", "10", "--eval-limit", "500",
                               "--no-plots", "--no-progress"]})
     return jobs
