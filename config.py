@@ -54,12 +54,12 @@ class Config:
     reweight: bool = flag(True, "weight kept episodes by s_i / mean kept s (--no-reweight: binary filter)")
     influence_method: str = flag("onepass", "how scores are computed: onepass (one batched backward per --micro-batch-size episodes, exact) or "
                                  "loop (one backward per episode, the readable reference)", choices=("onepass", "loop"))
-    passes: str = flag("shared", "shared: no separate pass for log pi_old and V_old where another forward at theta_old "
-                       "gives them: with influence on (one-pass), the scoring forward (its graph kept for all "
-                       "episodes until the scores: memory grows with the batch, not --micro-batch-size); with GRPO, "
-                       "no influence, --kl-beta 0 and one minibatch of every episode, the update's first forward. "
-                       "separate: a no-grad pass for them first, the readable path (the same numbers, tested)",
-                       choices=("shared", "separate"))
+    passes: str = flag("separate", "separate: log pi_old and V_old in a no-grad pass after sampling, where the "
+                       "algorithm box has them. shared (opt-in speed-up, the same numbers, tested): no pass of "
+                       "their own where another forward at theta_old gives them: with influence on (one-pass), "
+                       "the scoring forward (its graph kept for all episodes until the scores: memory grows with "
+                       "prompts x samples, not --micro-batch-size); with influence off and one minibatch of every "
+                       "episode, the update's first forward", choices=("separate", "shared"))
     random_filter: bool = flag(False, "control: drop as many episodes as influence would, chosen at random")
     reference: str = flag("validation", "what each episode's gradient g_i is dotted with: validation (I-PPO: g_val, "
                           "the SFT gradient of the validation set); batch (DTV, arXiv 2609.35072: the mean g_j of "
@@ -88,7 +88,7 @@ class Config:
     ppo_epochs: int = flag(2, "passes over the kept episodes per iteration")
     minibatch_size: int = flag(16, "episodes per optimizer step")
     micro_batch_size: int = flag(4, "episodes per forward/backward (does not change the math). It bounds the "
-                                 "memory of the update and of --passes separate; with --passes shared and influence "
+                                 "memory of every pass under --passes separate; with --passes shared and influence "
                                  "on, the scoring forward keeps every episode's graph until the scores, so peak "
                                  "memory grows with prompts x samples whatever this is")
     lr: float = flag(5e-5, "AdamW learning rate for the LoRA adapters")

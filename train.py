@@ -4,8 +4,8 @@ Shu, Zhang, Hullman, "Learning from the Right Rollouts: Data Attribution for PPO
 Post-Training", arXiv 2604.01597. One iteration (the algorithm box, `ppo_iteration` below):
 
     rollout     sample n responses per prompt from pi_theta                 rollout.py
-    reward      score_i = exact match of the final answer                  reward.py
-    advantages  r_t = -beta (log pi - log pi_ref) + score at the last token;
+    reward      R_i = exact match of the final answer                      reward.py
+    advantages  r_t = -beta (log pi - log pi_ref) + R_i at the last token;
                 A_t, R_t = GAE(gamma, lambda); A whitened over tokens       ppo.py
                 (--advantage grpo: (r_i - mean) / std over a prompt's samples)
     influence   s_i = grad L_clip_i . grad L_SFT(val); keep s_i > 0;
@@ -53,7 +53,7 @@ from report import write_plots, write_report
 from reasoning import LABELS
 from reasoning import label as reasoning_label
 from reward import extract_answer, is_correct, reward_fn
-from rollout import encode_pairs, generate_rollouts, token_logprobs
+from rollout import Rollouts, encode_pairs, generate_rollouts, token_logprobs
 from rundir import (append_jsonl, commit_iteration, last_good_checkpoint_on_fault, latest_checkpoint, open_run_dir,
                     pin_init_adapter, resolve_checkpoint, restore_run, unlock_run_dir, write_atomic)
 
@@ -75,59 +75,70 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
     examples = [train_examples[i] for i in batch_indices(len(train_examples), it, cfg.prompts_per_iter, cfg.seed)]
     examples = examples[slice(*dist.share(len(examples)))]  # this rank's prompts (all of them in one process)
 
-    # --passes shared: no pass whose only product is pi_old and V_old where a forward at theta_old
-    # that runs anyway gives them exactly. That forward keeps its graph, the rewards and advantages
-    # come from its detached outputs, then its backward runs: with influence on (one-pass) it is the
-    # scoring's forward and its backward gives the scores; with influence off, when one minibatch
-    # holds every episode (--minibatch-size >= prompts x samples), it is the update's first forward
-    # and its backward is the first optimizer step's (at theta_old, where the ratio is 1).
-    one_minibatch = cfg.minibatch_size >= cfg.prompts_per_iter * cfg.samples_per_prompt
-    scoring = cfg.passes == "shared" and cfg.influence == "on" and cfg.influence_method == "onepass"
-    updating = cfg.passes == "shared" and cfg.influence == "off" and one_minibatch
-    with timer("rollout"):
+    with timer("rollout"):   # the samples, then log pi_old, V_old (and log pi_ref at beta > 0) in a no-grad pass
+        shared = shared_forward(cfg)
         rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                      temperature=cfg.temperature, seed=derived_seed(cfg.seed, it, SAMPLING, dist.rank),
                                      batch_size=cfg.gen_batch_size, progress=cfg.progress,
-                                     # pi_old and pi_ref here, or with the graph kept in theta_old_forwards;
-                                     # at beta 0 nothing uses pi_ref: no pass
-                                     old=not (scoring or updating),
-                                     reference=cfg.kl_beta > 0 and not (scoring or updating))
-        forwards = theta_old_forwards(it, cfg, policy, rollouts, scoring, dist) if scoring or updating else None
+                                     old=shared is None, reference=cfg.kl_beta > 0 and shared is None)
         golds = [examples[j].gold for j in rollouts.prompt_index]
-        require_finite(it, "rollout", old_logprobs=rollouts.old_logprobs, values=rollouts.values,
-                       ref_logprobs=rollouts.ref_logprobs)
-        drift = sampler_drift(rollouts, next(policy.lm.parameters()).dtype, dist)   # sampler vs pi_old
+    forwards = None
+    if shared is not None:   # --passes shared (opt-in): pi_old and V_old from a forward that runs anyway
+        with timer("shared_forward"):
+            forwards = theta_old_forwards(it, cfg, policy, rollouts, shared == "scoring", dist)
+    require_finite(it, "rollout", old_logprobs=rollouts.old_logprobs, values=rollouts.values,
+                   ref_logprobs=rollouts.ref_logprobs)
+    drift = sampler_drift(rollouts, next(policy.lm.parameters()).dtype, dist)   # the sampler's log-probs vs pi_old
+
+    buf = Buffer(examples, rollouts)   # the iteration's data; each phase below adds its part
 
     with timer("reward"):
-        flipped = planted_flips(cfg, it, len(rollouts), dist.rank)                        # (N,) bools
-        rewards = torch.tensor([reward_fn(text, gold, cfg.dataset, bool(trunc), cfg.truncation_penalty, flip)
-                               for text, gold, trunc, flip in zip(rollouts.responses, golds, rollouts.truncated,
-                                                                  flipped)],
-                              device=rollouts.response_mask.device)                      # (N,)
-        require_finite(it, "reward", rewards=rewards)
+        buf.flipped = planted_flips(cfg, it, len(rollouts), dist.rank)                   # (N,) bools
+        buf.rewards = torch.tensor([reward_fn(text, gold, cfg.dataset, bool(trunc), cfg.truncation_penalty, flip)
+                                    for text, gold, trunc, flip in zip(rollouts.responses, golds, rollouts.truncated,
+                                                                       buf.flipped)],
+                                   device=rollouts.response_mask.device)                 # (N,)
+        require_finite(it, "reward", rewards=buf.rewards)
 
     with timer("advantages"):
-        advantages, returns, kl, critic = compute_advantages(cfg, rollouts, rewards, dist)  # (N, T) each
+        buf.advantages, buf.returns, buf.kl, critic = compute_advantages(cfg, buf, dist)  # (N, T) each
 
     with timer("influence"):
-        keep, weights, influence = select_episodes(it, cfg, policy, rollouts, advantages, val_seqs, dist,
-                                                    forwards if scoring else None)
-        n_kept = int(dist.sum(keep.sum()))                                               # |D'| over all ranks
+        buf.keep, buf.weights, influence = select_episodes(it, cfg, policy, buf, val_seqs, dist,
+                                                            forwards if shared == "scoring" else None)
+        n_kept = int(dist.sum(buf.keep.sum()))                                           # |D'| over all ranks
 
     with timer("update"):
         if n_kept > 0:
-            update = ppo_update(it, cfg, policy, optimizer, rollouts, advantages, returns, keep, weights, dist,
-                                first_forwards=forwards if updating else None)
+            update = ppo_update(it, cfg, policy, optimizer, buf, dist,
+                                first_forwards=forwards if shared == "update" else None)
         else:
             update = {"skipped": True}
 
-    return iteration_records(it, cfg, examples, rollouts, rewards, flipped, kl, keep, weights, n_kept,
-                             influence | critic | drift, update, dist)
+    return iteration_records(it, cfg, buf, n_kept, influence | critic | drift, update, dist)
 
 
-def compute_advantages(cfg: Config, rollouts, rewards: torch.Tensor, dist: Dist = SINGLE):
-    """r_t = -beta (log pi_old - log pi_ref) + the task reward R_i at the last token (ppo.kl_penalized_rewards);
+@dataclasses.dataclass
+class Buffer:
+    """One iteration's data, in one place. ppo_iteration makes it from the rollouts and each
+    phase adds its part: the reward phase `flipped` and `rewards`, compute_advantages
+    `advantages`, `returns` and `kl`, select_episodes `keep` and `weights`; ppo_update and
+    iteration_records read it. Every tensor is over this rank's N episodes."""
+    examples: list                          # the prompts' examples (data.Example)
+    rollouts: Rollouts                      # tokens, masks, log pi_old, V_old, log pi_ref, sampler log-probs
+    flipped: list | None = None             # (N,) bool: reward flipped by --reward-noise
+    rewards: torch.Tensor | None = None     # (N,) the task reward R_i (exact match, after any flip)
+    advantages: torch.Tensor | None = None  # (N, T) A_t
+    returns: torch.Tensor | None = None     # (N, T) R_t, the value targets (zeros under GRPO)
+    kl: torch.Tensor | None = None          # (N, T) log pi_old - log pi_ref (None at --kl-beta 0)
+    keep: torch.Tensor | None = None        # (N,) bool: in D', the episodes the update learns from
+    weights: torch.Tensor | None = None     # (N,) w_i (1 for every kept episode but under reweighting)
+
+
+def compute_advantages(cfg: Config, buf: Buffer, dist: Dist = SINGLE):
+    """Reads buf.rollouts and buf.rewards.
+    r_t = -beta (log pi_old - log pi_ref) + the task reward R_i at the last token (ppo.kl_penalized_rewards);
     A_t, R_t = GAE(gamma, lambda) (ppo.gae); A whitened over the response tokens of the whole
     batch, all ranks', its std floored at --adv-std-floor (ppo.whiten). Returns (advantages,
     returns, kl), each (N, T) (kl None at --kl-beta 0, where pi_ref is not computed), and the
@@ -135,8 +146,8 @@ def compute_advantages(cfg: Config, rollouts, rewards: torch.Tensor, dist: Dist 
     explained variance of V_old against the returns.
     With --advantage grpo: ppo.group_advantages of the episodes' summed rewards on every token,
     not whitened, no returns (zeros) and no critic."""
-    mask = rollouts.response_mask
-    token_rewards, kl = kl_penalized_rewards(rewards, rollouts.old_logprobs, rollouts.ref_logprobs, mask, cfg.kl_beta)
+    rollouts, mask = buf.rollouts, buf.rollouts.response_mask
+    token_rewards, kl = kl_penalized_rewards(buf.rewards, rollouts.old_logprobs, rollouts.ref_logprobs, mask, cfg.kl_beta)
     if cfg.advantage == "grpo":
         # Our choice: the KL penalty enters GRPO as the episode's summed per-token reward (the
         # same total as PPO's), before the group normalisation.
@@ -154,58 +165,13 @@ def compute_advantages(cfg: Config, rollouts, rewards: torch.Tensor, dist: Dist 
     return advantages, returns, kl, critic
 
 
-@dataclasses.dataclass
-class UpdateForward:
-    """The update's first forward over some episodes, run ahead of the advantages (graphs kept)."""
-    index: torch.Tensor      # (n,) which episodes of the batch
-    logprobs: torch.Tensor   # (n, T) log pi_theta at theta_old
-    values: torch.Tensor     # (n, T) V_theta at theta_old
-    entropy: torch.Tensor    # (n, T)
-
-
-def theta_old_forwards(it: int, cfg: Config, policy, rollouts, scoring: bool, dist: Dist = SINGLE) -> list:
-    """--passes shared: the forward at theta_old over all episodes, --micro-batch-size at a time,
-    graphs kept: the influence scoring's (influence.scoring_forward, which records each LoRA
-    layer's input) if `scoring`, else the update's first (an UpdateForward per micro-batch, in the
-    order of the first minibatch, so that the first step sums its micro-batches exactly as
-    ppo_update would). Sets rollouts.old_logprobs and rollouts.values from their detached
-    outputs: the numbers the separate no-grad pass would give. At --kl-beta > 0 it also sets
-    rollouts.ref_logprobs, adapters off, over the same micro-batches: log pi_old - log pi_ref is
-    then exactly 0 where the adapters equal the reference (iteration 1), as in the separate pass,
-    not rounding noise from batches of other shapes (which the whitening would blow up into
-    advantages, and the filter into kept episodes, when every reward is equal)."""
-    order = torch.arange(len(rollouts))
-    if not scoring:   # every episode is kept (no influence): the first minibatch holds them all
-        every = torch.ones(len(rollouts), dtype=torch.bool, device=rollouts.response_mask.device)
-        order = minibatch_plan(it, cfg, every, every, dist)[0][-1]
-    forwards, ref = [], []
-    for index in chunks(order, cfg.micro_batch_size):
-        part = rollouts.select(index)
-        if cfg.kl_beta > 0:
-            with torch.no_grad(), adapters_disabled(policy):
-                ref.append(token_logprobs(policy, part, cfg.temperature)[0])
-        if scoring:
-            forward = scoring_forward(policy, part, cfg.temperature)
-            forward.index = index
-        else:
-            forward = UpdateForward(index, *token_logprobs(policy, part, cfg.temperature, with_entropy=True))
-        forwards.append(forward)
-    index = torch.cat([f.index for f in forwards]).to(rollouts.response_mask.device)
-    rollouts.old_logprobs = torch.zeros_like(rollouts.response_mask).index_copy(
-        0, index, torch.cat([f.logprobs.detach() for f in forwards]))                   # (N, T)
-    rollouts.values = torch.zeros_like(rollouts.response_mask).index_copy(
-        0, index, torch.cat([f.values.detach() for f in forwards]))                     # (N, T)
-    if ref:
-        rollouts.ref_logprobs = torch.zeros_like(rollouts.response_mask).index_copy(0, index, torch.cat(ref))
-    return forwards
-
-
-def select_episodes(it, cfg: Config, policy, rollouts, advantages, val_seqs, dist: Dist = SINGLE, forwards=None):
-    """Influence scores at theta_old and the kept set D' with its weights (`forwards`: the
-    scoring forwards already run, --passes shared; their backwards give the scores).
+def select_episodes(it, cfg: Config, policy, buf: Buffer, val_seqs, dist: Dist = SINGLE, forwards=None):
+    """Influence scores at theta_old and the kept set D' with its weights, from buf.rollouts and
+    buf.advantages (`forwards`: the scoring forwards already run, --passes shared; their
+    backwards give the scores).
     Returns (keep (N,) bool, weights (N,), metrics dict) for this rank's episodes; the filter
     and the weight normalisation (mean score over the kept episodes) see all ranks' scores."""
-    N = len(rollouts)
+    rollouts, advantages, N = buf.rollouts, buf.advantages, len(buf.rollouts)
     if cfg.influence == "off":  # plain PPO: every episode, weight 1
         return torch.ones(N, dtype=torch.bool, device=advantages.device), torch.ones(N, device=advantages.device), {}
     if cfg.reference == "validation":
@@ -267,9 +233,10 @@ def batch_scores(cfg: Config, policy, rollouts, advantages, dist: Dist = SINGLE,
                                   leave_one_out=loo, reduce_sum=dist.sum, n_total=n_total)
 
 
-def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns, keep, weights,
-               dist: Dist = SINGLE, first_forwards: list | None = None) -> dict:
-    """PPO epochs over the buffer. Per optimizer step on a minibatch M:
+def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, dist: Dist = SINGLE,
+               first_forwards: list | None = None) -> dict:
+    """PPO epochs over the buffer (its rollouts, advantages, returns, keep and weights). Per
+    optimizer step on a minibatch M:
         loss = (1/|M & D'|) sum_{i in M & D'} [ w_i L_clip_i - c_e H_i ]  +  c_v (1/|M & C|) sum_{i in M & C} L_V_i
     where D' is the kept episodes and C the critic's (--critic-episodes: all of them by default,
     or D'); per-episode losses are token means and the value loss is unweighted (our choices).
@@ -282,6 +249,7 @@ def ppo_update(it, cfg: Config, policy, optimizer, rollouts, advantages, returns
     steps one process would.
     `first_forwards` (train.theta_old_forwards, --passes shared): the first step's forward over
     every episode, already run at theta_old; only its backward is left."""
+    rollouts, advantages, returns, keep, weights = buf.rollouts, buf.advantages, buf.returns, buf.keep, buf.weights
     device = advantages.device
     critic = cfg.advantage == "gae" and cfg.vf_coef > 0
     uses = keep if not critic or cfg.critic_episodes == "kept" else torch.ones_like(keep)   # (N,) whose forward counts
@@ -373,6 +341,75 @@ def clip_and_step(it: int, cfg: Config, policy, optimizer) -> None:
     optimizer.step()
 
 
+# ----------------------------------------------------------------------------- --passes shared
+#
+# An opt-in speed-up, out of the algorithm's way: with --passes shared, log pi_old and V_old
+# are not computed by a no-grad pass of their own where a forward at theta_old that runs
+# anyway gives the same numbers. That forward keeps its graph; the rewards and advantages are
+# made from its detached outputs; then its backward runs. With influence on (one-pass) it is
+# the scoring's forward, and its backward gives the scores; with influence off and one
+# minibatch of every episode, it is the update's first forward, and its backward is the first
+# optimizer step's (at theta_old, where the ratio is 1). tests/test_passes.py checks that a
+# run is the same either way; docs/shortcuts.md gives what it saves and what it costs in memory.
+
+def shared_forward(cfg: Config) -> str | None:
+    """Which forward gives pi_old and V_old under --passes shared: "scoring", "update", or None
+    (the plain path: generate_rollouts' no-grad pass, always under --passes separate)."""
+    if cfg.passes != "shared":
+        return None
+    if cfg.influence == "on" and cfg.influence_method == "onepass":
+        return "scoring"
+    if cfg.influence == "off" and cfg.minibatch_size >= cfg.prompts_per_iter * cfg.samples_per_prompt:
+        return "update"
+    return None
+
+
+@dataclasses.dataclass
+class UpdateForward:
+    """The update's first forward over some episodes, run ahead of the advantages (graphs kept)."""
+    index: torch.Tensor      # (n,) which episodes of the batch
+    logprobs: torch.Tensor   # (n, T) log pi_theta at theta_old
+    values: torch.Tensor     # (n, T) V_theta at theta_old
+    entropy: torch.Tensor    # (n, T)
+
+
+def theta_old_forwards(it: int, cfg: Config, policy, rollouts, scoring: bool, dist: Dist = SINGLE) -> list:
+    """--passes shared: the forward at theta_old over all episodes, --micro-batch-size at a time,
+    graphs kept: the influence scoring's (influence.scoring_forward, which records each LoRA
+    layer's input) if `scoring`, else the update's first (an UpdateForward per micro-batch, in the
+    order of the first minibatch, so that the first step sums its micro-batches exactly as
+    ppo_update would). Sets rollouts.old_logprobs and rollouts.values from their detached
+    outputs: the numbers the separate no-grad pass would give. At --kl-beta > 0 it also sets
+    rollouts.ref_logprobs, adapters off, over the same micro-batches: log pi_old - log pi_ref is
+    then exactly 0 where the adapters equal the reference (iteration 1), as in the separate pass,
+    not rounding noise from batches of other shapes (which the whitening would blow up into
+    advantages, and the filter into kept episodes, when every reward is equal)."""
+    order = torch.arange(len(rollouts))
+    if not scoring:   # every episode is kept (no influence): the first minibatch holds them all
+        every = torch.ones(len(rollouts), dtype=torch.bool, device=rollouts.response_mask.device)
+        order = minibatch_plan(it, cfg, every, every, dist)[0][-1]
+    forwards, ref = [], []
+    for index in chunks(order, cfg.micro_batch_size):
+        part = rollouts.select(index)
+        if cfg.kl_beta > 0:
+            with torch.no_grad(), adapters_disabled(policy):
+                ref.append(token_logprobs(policy, part, cfg.temperature)[0])
+        if scoring:
+            forward = scoring_forward(policy, part, cfg.temperature)
+            forward.index = index
+        else:
+            forward = UpdateForward(index, *token_logprobs(policy, part, cfg.temperature, with_entropy=True))
+        forwards.append(forward)
+    index = torch.cat([f.index for f in forwards]).to(rollouts.response_mask.device)
+    rollouts.old_logprobs = torch.zeros_like(rollouts.response_mask).index_copy(
+        0, index, torch.cat([f.logprobs.detach() for f in forwards]))                   # (N, T)
+    rollouts.values = torch.zeros_like(rollouts.response_mask).index_copy(
+        0, index, torch.cat([f.values.detach() for f in forwards]))                     # (N, T)
+    if ref:
+        rollouts.ref_logprobs = torch.zeros_like(rollouts.response_mask).index_copy(0, index, torch.cat(ref))
+    return forwards
+
+
 def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_examples, timer,
                   dist: Dist = SINGLE) -> tuple[dict, list]:
     """One SFT step: loss = (sum of NLL over the batch's reference tokens) / (their count),
@@ -398,10 +435,12 @@ def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
 
 # ----------------------------------------------------------------------------- bookkeeping
 
-def iteration_records(it, cfg: Config, examples, rollouts, rewards, flipped, kl, keep, weights, n_kept: int,
-                      influence: dict, update: dict, dist: Dist = SINGLE) -> tuple[dict, list]:
+def iteration_records(it, cfg: Config, buf: Buffer, n_kept: int, influence: dict, update: dict,
+                      dist: Dist = SINGLE) -> tuple[dict, list]:
     """Bookkeeping of ppo_iteration: the metrics of the iteration (means over all ranks'
     episodes, each with its denominator) and one record per episode (all ranks', rank order)."""
+    examples, rollouts, rewards, flipped, kl, keep, weights = (buf.examples, buf.rollouts, buf.rewards, buf.flipped,
+                                                              buf.kl, buf.keep, buf.weights)
     mask = rollouts.response_mask
     golds = [examples[j].gold for j in rollouts.prompt_index]
     answers = [extract_answer(t, cfg.dataset) for t in rollouts.responses]

@@ -122,8 +122,9 @@ def score_buffers(cfg: Config, policy, tokenizer, train_examples, val_seqs, poin
         golds = [examples[j].gold for j in rollouts.prompt_index]
         rewards = torch.tensor([reward_fn(t, g, cfg.dataset, bool(tr), cfg.truncation_penalty, f)
                                 for t, g, tr, f in zip(rollouts.responses, golds, rollouts.truncated, flipped)])
-        advantages, _, _, _ = train.compute_advantages(cfg, rollouts, rewards)
-        keep, _, metrics = train.select_episodes(it, cfg, policy, rollouts, advantages, val_seqs)
+        buf = train.Buffer(examples, rollouts, flipped=flipped, rewards=rewards)
+        buf.advantages, _, _, _ = train.compute_advantages(cfg, buf)
+        keep, _, metrics = train.select_episodes(it, cfg, policy, buf, val_seqs)
         labels = [reasoning_label(t, examples[j].solution, examples[j].gold)
                   for t, j in zip(rollouts.responses, rollouts.prompt_index)]
         out["score"] += metrics["scores"]

@@ -47,11 +47,12 @@ def main(model_dir: str, out: str) -> None:
     val_seqs = encode_pairs(tok, [make_prompt(e.question) for e in val_mine], [e.solution for e in val_mine])
     optimizer = train.make_optimizer(cfg, policy)
 
-    advantages, returns, _, _ = train.compute_advantages(cfg, rollouts, rewards, dist)
-    keep, weights, _ = train.select_episodes(0, cfg, policy, rollouts, advantages, val_seqs, dist)
-    train.ppo_update(0, cfg, policy, optimizer, rollouts, advantages, returns, keep, weights, dist)
+    buf = train.Buffer(examples[:4], rollouts, rewards=rewards)
+    buf.advantages, buf.returns, _, _ = train.compute_advantages(cfg, buf, dist)
+    buf.keep, buf.weights, _ = train.select_episodes(0, cfg, policy, buf, val_seqs, dist)
+    train.ppo_update(0, cfg, policy, optimizer, buf, dist)
 
-    all_keep, all_weights = dist.cat(keep.float()), dist.cat(weights)
+    all_keep, all_weights = dist.cat(buf.keep.float()), dist.cat(buf.weights)
     if dist.is_main:
         save_file({**policy.trainable_state(), "keep": all_keep, "weights": all_weights}, out)
     dist.close()  # without it gloo can abort the process at exit (SIGABRT), after a correct run

@@ -73,7 +73,8 @@ def update(buffer, cfg: Config, keep, returns):
     state = {k: v.clone() for k, v in policy.trainable_state().items()}
     optimizer = train.make_optimizer(cfg, policy)
     weights = keep.float()
-    metrics = train.ppo_update(1, cfg, policy, optimizer, rollouts, advantages, returns, keep, weights)
+    buf = train.Buffer([], rollouts, advantages=advantages, returns=returns, keep=keep, weights=weights)
+    metrics = train.ppo_update(1, cfg, policy, optimizer, buf)
     after = {k: v.clone() for k, v in policy.trainable_state().items()}
     policy.load_state_dict(state, strict=False)
     return after, metrics

@@ -38,7 +38,7 @@ def test_default_advantages_give_every_token_the_outcome():
     """With a fresh critic, lambda 1 gives each token A_t = R: the first token of a long answer
     gets the same credit as the last (lambda 0.95 gave it 0.95^(L-1) of it)."""
     rollouts, scores = batch([1.0, 0.0, 1.0, 0.0], [6, 2, 3, 5])
-    advantages, _, _, critic = train.compute_advantages(Config(), rollouts, scores)
+    advantages, _, _, critic = train.compute_advantages(Config(), train.Buffer([], rollouts, rewards=scores))
     mask = rollouts.response_mask.bool()
     for i in range(4):
         row = advantages[i][mask[i]]
@@ -51,7 +51,7 @@ def test_default_advantages_give_every_token_the_outcome():
 def test_critic_diagnostics_against_a_direct_computation():
     values = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5, 0.6]] * 3)
     rollouts, scores = batch([1.0, 0.0, 1.0], [6, 2, 3], values=values)
-    _, returns, _, critic = train.compute_advantages(Config(), rollouts, scores)
+    _, returns, _, critic = train.compute_advantages(Config(), train.Buffer([], rollouts, rewards=scores))
     # gamma = lambda = 1 and KL 0: R_t = score, A_t = score - V_t, over the 11 response tokens
     tokens = [(1.0, v) for v in [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]] + [(0.0, 0.1), (0.0, 0.2)] + \
              [(1.0, 0.1), (1.0, 0.2), (1.0, 0.3)]
@@ -67,9 +67,9 @@ def test_critic_diagnostics_against_a_direct_computation():
 def test_whitening_floor_keeps_equal_rewards_from_becoming_full_steps():
     noise = torch.randn(4, 6, generator=torch.Generator().manual_seed(1)) * 0.01 + 0.3
     rollouts, scores = batch([0.0, 0.0, 0.0, 0.0], [6, 4, 5, 3], values=noise)
-    advantages, _, _, _ = train.compute_advantages(Config(), rollouts, scores)
+    advantages, _, _, _ = train.compute_advantages(Config(), train.Buffer([], rollouts, rewards=scores))
     assert advantages.abs().max() < 0.5                    # unfloored whitening: std 1, max ~2
-    plain, _, _, _ = train.compute_advantages(Config(adv_std_floor=0.0), rollouts, scores)
+    plain, _, _, _ = train.compute_advantages(Config(adv_std_floor=0.0), train.Buffer([], rollouts, rewards=scores))
     assert plain[rollouts.response_mask.bool()].std() > 0.9
 
 
@@ -123,8 +123,9 @@ def test_ratio_and_kl_diagnostics_see_wrong_old_logprobs(tiny_dir):
     rollouts.old_logprobs = rollouts.old_logprobs + 0.1 * rollouts.response_mask
     N = len(rollouts)
     advantages = torch.ones_like(rollouts.response_mask) * rollouts.response_mask
-    update = train.ppo_update(0, cfg, policy, train.make_optimizer(cfg, policy), rollouts, advantages,
-                              advantages.clone(), torch.ones(N, dtype=torch.bool), torch.ones(N))
+    buf = train.Buffer([], rollouts, advantages=advantages, returns=advantages.clone(),
+                       keep=torch.ones(N, dtype=torch.bool), weights=torch.ones(N))
+    update = train.ppo_update(0, cfg, policy, train.make_optimizer(cfg, policy), buf)
     assert update["ratio_first_mean"] == pytest.approx(math.exp(-0.1), abs=1e-5)
     assert update["ratio_first_max"] == pytest.approx(math.exp(-0.1), abs=1e-5)
     assert update["approx_kl"] == pytest.approx(math.exp(-0.1) - 1 + 0.1, abs=1e-6)

@@ -255,27 +255,24 @@ def with_nan(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def nan_old_logprobs(theta_old_forwards):
-    """train.theta_old_forwards (--passes shared: where pi_old comes from) leaving a NaN in them."""
-    def wrapped(it, cfg, policy, rollouts, scoring, dist):
-        forwards = theta_old_forwards(it, cfg, policy, rollouts, scoring, dist)
-        rollouts.old_logprobs = with_nan(rollouts.old_logprobs)
-        return forwards
-    return wrapped
+def nan_old_logprobs(rollouts):
+    """train.generate_rollouts (where pi_old comes from) leaving a NaN in them."""
+    rollouts.old_logprobs = with_nan(rollouts.old_logprobs)
+    return rollouts
 
 
 @pytest.mark.parametrize("name, corrupt, phase, tensor", [
-    ("theta_old_forwards", nan_old_logprobs, "rollout", "old_logprobs"),
+    ("generate_rollouts", nan_old_logprobs, "rollout", "old_logprobs"),
     ("reward_fn", lambda r: float("inf"), "reward", "rewards"),
     ("validation_gradient", with_nan, "influence", "g_val"),
-    ("scoring_backward", with_nan, "influence", "scores"),
+    ("onepass_scores", with_nan, "influence", "scores"),
     ("policy_loss", with_nan, "update, epoch 1", "loss"),
 ])
 def test_nan_stops_the_run_naming_the_phase_and_keeps_the_last_good_checkpoint(
         reference, tmp_path, monkeypatch, name, corrupt, phase, tensor):
     run_dir = tmp_path / "run"
     shutil.copytree(reference.after_first_commit, run_dir)     # iteration 1 done and committed
-    patched = corrupt(getattr(train, name)) if corrupt is nan_old_logprobs else corrupted(getattr(train, name), corrupt)
+    patched = corrupted(getattr(train, name), corrupt)
     monkeypatch.setattr(train, name, patched)   # from iteration 2 on
     with pytest.raises(FloatingPointError) as caught:
         train.main(["--resume", str(run_dir), "--no-progress"])

@@ -153,3 +153,22 @@ def test_without_influence_pi_old_comes_from_the_update_and_equals_the_separate_
         tb = load_file(runs["shared"] / "checkpoints" / f"iter_{it:06d}" / "adapter.safetensors")
         for name in ta:  # fp32 rounding: the two paths sum in other orders
             assert (ta[name] - tb[name]).abs().max() <= 2e-6 * max(1.0, ta[name].abs().max().item()), (it, name)
+
+
+@pytest.mark.parametrize("influence", ["on", "off"])
+def test_the_default_path_is_the_algorithm_box(tiny_dir, tmp_path, monkeypatch, influence):
+    """By default pi_old and V_old come from the rollout phase's no-grad pass, as the algorithm
+    box has them: no forward is shared between phases, and the log shows the box's phases only.
+    --passes shared adds its own timed phase (the scoring forward is not hidden in "rollout")."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("theta_old_forwards ran on the default path")
+
+    args = ["--model", tiny_dir, *SMALL, "--iterations", "1", "--eval-every", "0", "--influence", influence,
+            "--minibatch-size", "6"]
+    with monkeypatch.context() as m:
+        m.setattr(train, "theta_old_forwards", refuse)
+        plain = metrics(train.main([*args, "--run-dir", str(tmp_path / "plain")]))[-1]
+    assert list(plain["seconds"]) == ["rollout", "reward", "advantages", "influence", "update"]
+    assert json.loads((tmp_path / "plain" / "config.json").read_text())["passes"] == "separate"
+    shared = metrics(train.main([*args, "--passes", "shared", "--run-dir", str(tmp_path / "shared")]))[-1]
+    assert list(shared["seconds"]) == ["rollout", "shared_forward", "reward", "advantages", "influence", "update"]
