@@ -193,7 +193,8 @@ def summarize(job: dict) -> dict:
             "unfaithful": evals[ITERATIONS].get("eval_unfaithful_of_correct"),
             "maj8": final["maj8"], "curve": {i: e["eval_accuracy"] for i, e in sorted(evals.items())},
             "kept_early": statistics.mean(kept[:10]), "kept_late": statistics.mean(kept[-10:]),
-            "seconds_early": statistics.mean(train_seconds[:10]), "seconds_late": statistics.mean(train_seconds[-10:]),
+            # medians: robust to an iteration that a busy machine (or a paused process) stretched
+            "seconds_early": statistics.median(train_seconds[:10]), "seconds_late": statistics.median(train_seconds[-10:]),
             "minutes": sum(sum(v for k, v in r.get("seconds", {}).items() if k != "eval") for r in rows) / 60,
             "flip_auc": statistics.mean(aucs) if aucs else None, "signal": filter_signal(job["run_dir"])}
 
@@ -283,7 +284,7 @@ def claims(results: list[dict], start: dict) -> list[str]:
         rows.append(("the kept fraction falls as training converges: last - first 10 iterations", noise,
                      list(change("ippo", noise, "kept").values()), -1, 1.0, 2))
         ippo_change, ppo_change = change("ippo", noise, "seconds"), change("ppo", noise, "seconds")
-        rows.append(("iterations get cheaper: training s/iteration, last - first 10 iterations, - PPO's", noise,
+        rows.append(("iterations get cheaper: median training s/iteration, last - first 10 iterations, - PPO's", noise,
                      [ippo_change[s] - ppo_change[s] for s in ippo_change if s in ppo_change], -1, 1.0, 2))
         rows.append(("reweighting beats the binary filter: final em, I-PPO - binary (pt)", noise,
                      paired(results, "ippo", noise, "final", against="ippo-binary"), 1, 100.0, 1))
@@ -340,9 +341,10 @@ def write_figure(results: list[dict], path: Path) -> None:
                 signal.errorbar(x, statistics.mean(vals), yerr=h, fmt="o", color=f"C{third}", ms=4,
                                 label=f"iterations {third * ITERATIONS // 3 + 1}-{(third + 1) * ITERATIONS // 3}"
                                 if (k, j) == (0, 0) else None)
-    ticks = [(k * (len(filters) + 1) + j, f"{METHODS[m][0]}\n{what}") for k, what in enumerate(("correct", "faithful"))
+    short = {"ippo": "I-PPO", "ippo-binary": "binary", "random-filter": "random", "dtv": "DTV"}
+    ticks = [(k * (len(filters) + 1) + j, f"{short[m]}\n{what}") for k, what in enumerate(("correct", "faithful"))
              for j, m in enumerate(filters)]
-    signal.set_xticks([t for t, _ in ticks], [name for _, name in ticks], fontsize=6)
+    signal.set_xticks([t for t, _ in ticks], [name for _, name in ticks], fontsize=8)
     signal.axhline(0.5, color="grey", lw=0.8, ls="--")
     signal.set(ylabel="AUC of the scores (0.5: chance)", title="does the score know a good episode? (runs' own episodes)")
     signal.legend(fontsize=8)
