@@ -191,9 +191,10 @@ def summarize(job: dict) -> dict:
             "start": evals[0]["eval_accuracy"], "final": evals[ITERATIONS]["eval_accuracy"],
             "auc_curve": statistics.mean(e["eval_accuracy"] for i, e in evals.items() if i > 0),
             "unfaithful": evals[ITERATIONS].get("eval_unfaithful_of_correct"),
-            "maj8": final["maj8"],
+            "maj8": final["maj8"], "curve": {i: e["eval_accuracy"] for i, e in sorted(evals.items())},
             "kept_early": statistics.mean(kept[:10]), "kept_late": statistics.mean(kept[-10:]),
-            "seconds_early": statistics.mean(train_seconds[:10]), "seconds_late": statistics.mean(train_seconds[-10:]),
+            # medians: robust to an iteration that a busy machine (or a paused process) stretched
+            "seconds_early": statistics.median(train_seconds[:10]), "seconds_late": statistics.median(train_seconds[-10:]),
             "minutes": sum(sum(v for k, v in r.get("seconds", {}).items() if k != "eval") for r in rows) / 60,
             "flip_auc": statistics.mean(aucs) if aucs else None, "signal": filter_signal(job["run_dir"])}
 
@@ -283,7 +284,7 @@ def claims(results: list[dict], start: dict) -> list[str]:
         rows.append(("the kept fraction falls as training converges: last - first 10 iterations", noise,
                      list(change("ippo", noise, "kept").values()), -1, 1.0, 2))
         ippo_change, ppo_change = change("ippo", noise, "seconds"), change("ppo", noise, "seconds")
-        rows.append(("iterations get cheaper: training s/iteration, last - first 10 iterations, - PPO's", noise,
+        rows.append(("iterations get cheaper: median training s/iteration, last - first 10 iterations, - PPO's", noise,
                      [ippo_change[s] - ppo_change[s] for s in ippo_change if s in ppo_change], -1, 1.0, 2))
         rows.append(("reweighting beats the binary filter: final em, I-PPO - binary (pt)", noise,
                      paired(results, "ippo", noise, "final", against="ippo-binary"), 1, 100.0, 1))
@@ -304,6 +305,51 @@ def claims(results: list[dict], start: dict) -> list[str]:
             lines.append(f"| {what} | {noise if isinstance(noise, str) else f'{noise:g}'} | {len(diffs)} | "
                          f"{cell(diffs, d, scale)} | {verdict(diffs, better)} |")
     return lines
+
+
+def write_figure(results: list[dict], path: Path) -> None:
+    """Two panels: greedy em against iteration per method at noise 0 (mean over seeds with the
+    band of the 95% interval), and the AUC of each filter's scores for correct vs wrong and
+    faithful vs unfaithful per third of the run (mean and interval over seeds and noise levels)."""
+    from matplotlib.figure import Figure   # no pyplot: no global state, no GUI backend
+    fig = Figure(figsize=(12, 4.2))
+    curves, signal = fig.subplots(1, 2)
+    for m in METHODS:
+        rs = [r for r in results if r["method"] == m and r["noise"] == 0.0]
+        if not rs:
+            continue
+        its = sorted(set.intersection(*(set(int(i) for i in r["curve"]) for r in rs)))
+        ys = [[r["curve"][i] if i in r["curve"] else r["curve"][str(i)] for r in rs] for i in its]
+        mean = [statistics.mean(y) for y in ys]
+        h = [half_width_95(y) if len(y) > 1 else 0.0 for y in ys]
+        line, = curves.plot(its, mean, label=f"{METHODS[m][0]} ({len(rs)} seeds)")
+        curves.fill_between(its, [a - b for a, b in zip(mean, h)], [a + b for a, b in zip(mean, h)],
+                            color=line.get_color(), alpha=0.15)
+    curves.set(xlabel="iteration", ylabel="greedy exact match, 500 test problems", title="learning, reward noise 0")
+    curves.legend(fontsize=8)
+    filters = [m for m in ("ippo", "ippo-binary", "random-filter", "dtv") if any(r["signal"] for r in results
+                                                                               if r["method"] == m)]
+    for k, (key, what) in enumerate((("auc_correct", "correct vs wrong"), ("auc_faithful", "faithful vs unfaithful"))):
+        for j, m in enumerate(filters):
+            for third in range(3):
+                vals = [r["signal"][third][key] for r in results if r["method"] == m and r["signal"]
+                        and third in r["signal"] and r["signal"][third][key] is not None]
+                if not vals:
+                    continue
+                x = k * (len(filters) + 1) + j + (third - 1) * 0.25
+                h = half_width_95(vals) if len(vals) > 1 else 0.0
+                signal.errorbar(x, statistics.mean(vals), yerr=h, fmt="o", color=f"C{third}", ms=4,
+                                label=f"iterations {third * ITERATIONS // 3 + 1}-{(third + 1) * ITERATIONS // 3}"
+                                if (k, j) == (0, 0) else None)
+    short = {"ippo": "I-PPO", "ippo-binary": "binary", "random-filter": "random", "dtv": "DTV"}
+    ticks = [(k * (len(filters) + 1) + j, f"{short[m]}\n{what}") for k, what in enumerate(("correct", "faithful"))
+             for j, m in enumerate(filters)]
+    signal.set_xticks([t for t, _ in ticks], [name for _, name in ticks], fontsize=8)
+    signal.axhline(0.5, color="grey", lw=0.8, ls="--")
+    signal.set(ylabel="AUC of the scores (0.5: chance)", title="does the score know a good episode? (runs' own episodes)")
+    signal.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def write_report(out: Path, path: Path) -> None:
@@ -376,6 +422,8 @@ def write_report(out: Path, path: Path) -> None:
                                          f"{cell([s['kept_unfaithful'] for s in ss], 2)} | "
                                          f"{cell([s['kept_wrong'] for s in ss], 2)} |")
     path.write_text("\n".join(lines) + "\n")
+    if results:
+        write_figure(results, path.with_name("fair-test.png"))
     (out / "results.json").write_text(json.dumps(results, indent=1))
     path.with_name("fair-test-results.json").write_text(json.dumps(results, indent=1))
     path.with_name("fair-test-tuned.json").write_text(json.dumps({m: t["lr"] for m, t in lrs.items()}, indent=1))
