@@ -75,8 +75,8 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
     examples = [train_examples[i] for i in batch_indices(len(train_examples), it, cfg.prompts_per_iter, cfg.seed)]
     examples = examples[slice(*dist.share(len(examples)))]  # this rank's prompts (all of them in one process)
 
+    shared = shared_forward(cfg)   # None by default: the algorithm box as written
     with timer("rollout"):   # the samples, then log pi_old, V_old (and log pi_ref at beta > 0) in a no-grad pass
-        shared = shared_forward(cfg)
         rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                      temperature=cfg.temperature, seed=derived_seed(cfg.seed, it, SAMPLING, dist.rank),
