@@ -182,3 +182,24 @@ def test_plots_png_is_redrawn_at_every_evaluation(tiny_dir, tmp_path, monkeypatc
                 "--eval-max-new-tokens", "4", "--val-size", "2", "--no-progress", "--data-source", "local"])
     assert drawn == [3, 5]                  # after iteration 2 (rows 0-2), and at the end (rows 0-4)
     assert (tmp_path / "r" / "plots.png").stat().st_size > 0 and not (tmp_path / "r" / "plots.png.tmp").exists()
+
+
+def test_filter_signal_figure_is_drawn_from_the_table_it_wrote(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    import filter_signal
+    table = tmp_path / "signal.md"
+    table.write_text("Some prose.\n\n"
+                     "| point | variant | AUC correct vs wrong | AUC faithful vs unfaithful (correct) | AUC not flipped "
+                     "(noise 0.2) | kept: faithful / unfaithful / wrong | kept: not flipped / flipped |\n"
+                     "|---|---|---|---|---|---|---|\n"
+                     "| start | default | 0.62 [0.57, 0.67] | - | 0.61 [0.55, 0.66] | 0.73 / - / 0.55 | 0.58 / 0.41 |\n"
+                     "| end | default | 0.46 [0.42, 0.51] | 0.56 [0.48, 0.65] | 0.55 [0.49, 0.61] | 0.60 / 0.49 / 0.57 | 0.56 / 0.48 |\n")
+    rows = filter_signal.read_table(table)
+    assert [(r["point"], r["variant"]) for r in rows] == [("start", "default"), ("end", "default")]
+    assert rows[0]["correct vs wrong"] == (0.62, 0.57, 0.67)
+    assert rows[0]["faithful vs unfaithful (among correct)"] is None
+    filter_signal.write_figure(rows, tmp_path / "signal.png")
+    assert (tmp_path / "signal.png").stat().st_size > 1000
+    (tmp_path / "prose.md").write_text("no table here\n")
+    with pytest.raises(SystemExit, match="prose.md"):
+        filter_signal.read_table(tmp_path / "prose.md")
