@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -187,6 +188,7 @@ def summarize(job: dict) -> dict:
     train_seconds = [sum(v for k, v in r.get("seconds", {}).items() if k != "eval") for r in rows if r["iteration"] > 0]
     final = final_eval(job["run_dir"] / "final-eval.json", job["run_dir"] / "checkpoints" / f"iter_{ITERATIONS:06d}")
     aucs = [r["flip_auc"] for r in rows if r.get("flip_auc") is not None]
+    signal = filter_signal(job["run_dir"])
     return {"method": job["method"], "seed": job["seed"], "noise": job["noise"],
             "start": evals[0]["eval_accuracy"], "final": evals[ITERATIONS]["eval_accuracy"],
             "auc_curve": statistics.mean(e["eval_accuracy"] for i, e in evals.items() if i > 0),
@@ -196,13 +198,15 @@ def summarize(job: dict) -> dict:
             # medians: robust to an iteration that a busy machine (or a paused process) stretched
             "seconds_early": statistics.median(train_seconds[:10]), "seconds_late": statistics.median(train_seconds[-10:]),
             "minutes": sum(sum(v for k, v in r.get("seconds", {}).items() if k != "eval") for r in rows) / 60,
-            "flip_auc": statistics.mean(aucs) if aucs else None, "signal": filter_signal(job["run_dir"])}
+            "flip_auc": statistics.mean(aucs) if aucs else None,
+            "by_prompt": signal.pop("by_prompt") if signal else None, "signal": signal}
 
 
 def filter_signal(run_dir: Path) -> dict | None:
     """From a scored run's episodes.jsonl: per third of the run (iterations 1-50, 51-100, 101-150),
     the AUC of the scores for correct vs wrong and, among the correct, faithful vs unfaithful,
-    with the kept share of each class. None when the run has no scores."""
+    with the kept share of each class; and under "by_prompt", by_prompt() of all its episodes.
+    None when the run has no scores."""
     path = run_dir / "episodes.jsonl"
     if not path.exists():
         return None
@@ -213,7 +217,7 @@ def filter_signal(run_dir: Path) -> dict | None:
             if e.get("score") is None:
                 return None
             thirds.setdefault(min((e["iteration"] - 1) * 3 // ITERATIONS, 2), []).append(e)
-    out = {}
+    out = {"by_prompt": by_prompt([e for eps in thirds.values() for e in eps])}
     for third, eps in sorted(thirds.items()):
         scores = torch.tensor([e["score"] for e in eps], dtype=torch.float64)
         correct = torch.tensor([e["reasoning"] in ("faithful", "unfaithful") for e in eps])
@@ -226,6 +230,31 @@ def filter_signal(run_dir: Path) -> dict | None:
                       "kept_faithful": share(faithful), "kept_unfaithful": share(correct & ~faithful),
                       "kept_wrong": share(~correct)}
     return out
+
+
+def by_prompt(episodes: list[dict]) -> dict:
+    """Does the filter choose answers, or prompts? Over a run's episodes, grouped by (iteration,
+    prompt): among the prompts whose samples all got the same reward, the share whose samples were
+    all kept or all dropped; among the prompts with both rewards, the share whose kept samples are
+    exactly the correct ones. Each next to its value if every episode were kept independently with
+    the run's kept fraction. And the share of the scores' variance that lies between prompts."""
+    groups = {}
+    for e in episodes:
+        groups.setdefault((e["iteration"], e["prompt"]), []).append(e)
+    p = statistics.mean(e["kept"] for e in episodes)
+    same = [g for g in groups.values() if len({e["reward"] for e in g}) == 1]
+    mixed = [g for g in groups.values() if len({e["reward"] for e in g}) > 1]
+    all_or_none = lambda g: len({e["kept"] for e in g}) == 1                           # noqa: E731
+    scores = [e["score"] for e in episodes]
+    mean = statistics.fmean(scores)
+    total = sum((x - mean) ** 2 for x in scores)
+    between = sum(len(g) * (statistics.fmean(e["score"] for e in g) - mean) ** 2 for g in groups.values())
+    return {"same_all_or_none": statistics.mean(map(all_or_none, same)) if same else None,
+            "same_all_or_none_independent": statistics.mean(p ** len(g) + (1 - p) ** len(g) for g in same) if same else None,
+            "mixed_kept_correct": statistics.mean(all(e["kept"] == (e["reward"] > 0) for e in g) for g in mixed) if mixed else None,
+            "mixed_kept_correct_independent": statistics.mean(
+                math.prod(p if e["reward"] > 0 else 1 - p for e in g) for g in mixed) if mixed else None,
+            "score_between_prompts": between / total if total > 0 else None}
 
 
 def cell(values: list, digits: int = 3, scale: float = 1.0) -> str:
@@ -421,6 +450,28 @@ def write_report(out: Path, path: Path) -> None:
                                          f"{cell([s['kept_faithful'] for s in ss], 2)} | "
                                          f"{cell([s['kept_unfaithful'] for s in ss], 2)} | "
                                          f"{cell([s['kept_wrong'] for s in ss], 2)} |")
+        clustered = [r for r in results if r.get("by_prompt")]
+        if clustered:
+            lines += ["", "## Does the filter choose answers or prompts?", "",
+                      "Each iteration's episodes grouped by prompt (4 samples each), over the whole run. Among the "
+                      "prompts whose samples all got the same reward: the share whose samples were all kept or all "
+                      "dropped. Among the prompts with both rewards: the share whose kept samples are exactly the "
+                      "correct ones. Each next to what keeping every episode independently, at the run's kept "
+                      "fraction, would give (\"if independent\"). Last column: the share of the scores' variance "
+                      "that lies between prompts (the rest is between the samples of one prompt; scores that ignore the "
+                      "prompt would give about 1/4, the share of (groups - 1) in (episodes - 1)). Mean ± 95% "
+                      "t-interval over seeds.", "",
+                      "| method | noise | seeds | same reward: all or none kept | if independent "
+                      "| both rewards: kept = correct | if independent | score variance between prompts |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for m in ("ippo", "ippo-binary", "random-filter", "dtv"):
+                for noise in NOISE:
+                    bs = [r["by_prompt"] for r in clustered if r["method"] == m and r["noise"] == noise]
+                    if bs:
+                        lines.append(f"| {METHODS[m][0]} | {noise:g} | {len(bs)} | "
+                                     + " | ".join(cell([b[k] for b in bs], 2) for k in (
+                                         "same_all_or_none", "same_all_or_none_independent", "mixed_kept_correct",
+                                         "mixed_kept_correct_independent", "score_between_prompts")) + " |")
     path.write_text("\n".join(lines) + "\n")
     if results:
         write_figure(results, path.with_name("fair-test.png"))
