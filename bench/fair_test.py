@@ -82,6 +82,7 @@ LR_GRID = [5e-4, 1e-3, 2e-3]
 TUNE_SEED = 100
 TUNE_ITERATIONS = 100
 TUNE_EVALS = (50, 75, 100)
+WINDOW = 10          # iterations per point of the kept-fraction and seconds curves
 FINAL_EVAL = ["--dataset", "arith", "--arith-terms", "3", "--metrics", "em,maj@8", "--samples", "8",
               "--temperature", "1.0", "--max-new-tokens", "40", "--limit", "0", "--batch-size", "128", "--seed", "0",
               "--no-progress"]
@@ -198,6 +199,7 @@ def summarize(job: dict) -> dict:
             # medians: robust to an iteration that a busy machine (or a paused process) stretched
             "seconds_early": statistics.median(train_seconds[:10]), "seconds_late": statistics.median(train_seconds[-10:]),
             "minutes": sum(sum(v for k, v in r.get("seconds", {}).items() if k != "eval") for r in rows) / 60,
+            "kept_curve": kept, "seconds_curve": train_seconds,
             "flip_auc": statistics.mean(aucs) if aucs else None,
             "by_prompt": signal.pop("by_prompt") if signal else None, "signal": signal}
 
@@ -337,12 +339,37 @@ def claims(results: list[dict], start: dict) -> list[str]:
 
 
 def write_figure(results: list[dict], path: Path) -> None:
-    """Two panels: greedy em against iteration per method at noise 0 (mean over seeds with the
-    band of the 95% interval), and the AUC of each filter's scores for correct vs wrong and
-    faithful vs unfaithful per third of the run (mean and interval over seeds and noise levels)."""
+    """Four panels: greedy em against iteration per method at noise 0 (mean over seeds with the
+    band of the 95% interval); the AUC of each filter's scores for correct vs wrong and faithful
+    vs unfaithful per third of the run (mean and interval over seeds and noise levels); and, at
+    noise 0, the kept fraction and the training seconds of an iteration against iteration (means
+    (seconds: medians) over windows of WINDOW iterations, then means over seeds, with the band of the
+    95% interval)."""
     from matplotlib.figure import Figure   # no pyplot: no global state, no GUI backend
-    fig = Figure(figsize=(12, 4.2))
-    curves, signal = fig.subplots(1, 2)
+    fig = Figure(figsize=(12, 8.4))
+    (curves, signal), (kept_ax, seconds_ax) = fig.subplots(2, 2)
+    # seconds: the window's median, robust to an iteration that a busy machine (or a paused process) stretched
+    for ax, key, methods, center in ((kept_ax, "kept_curve", ("ippo", "ippo-binary", "random-filter", "dtv"),
+                                      statistics.mean),
+                                     (seconds_ax, "seconds_curve", tuple(METHODS), statistics.median)):
+        for m in methods:
+            rs = [r[key] for r in results if r["method"] == m and r["noise"] == 0.0 and r.get(key)]
+            if not rs:
+                continue
+            n = min(map(len, rs)) // WINDOW
+            ys = [[center(r[w * WINDOW:(w + 1) * WINDOW]) for r in rs] for w in range(n)]
+            xs = [w * WINDOW + (WINDOW + 1) / 2 for w in range(n)]
+            mean = [statistics.mean(y) for y in ys]
+            h = [half_width_95(y) if len(y) > 1 else 0.0 for y in ys]
+            line, = ax.plot(xs, mean, label=f"{METHODS[m][0]} ({len(rs)} seeds)",
+                            color=f"C{list(METHODS).index(m)}")
+            ax.fill_between(xs, [a - b for a, b in zip(mean, h)], [a + b for a, b in zip(mean, h)],
+                            color=line.get_color(), alpha=0.15)
+        ax.legend(fontsize=8)
+    kept_ax.set(xlabel="iteration", ylabel="kept fraction of the episodes",
+                title="intrinsic early stopping? kept fraction, noise 0")
+    seconds_ax.set(xlabel="iteration", ylabel="training seconds per iteration (shared cores)",
+                   title="do iterations get cheaper? noise 0")
     for m in METHODS:
         rs = [r for r in results if r["method"] == m and r["noise"] == 0.0]
         if not rs:
@@ -351,7 +378,7 @@ def write_figure(results: list[dict], path: Path) -> None:
         ys = [[r["curve"][i] if i in r["curve"] else r["curve"][str(i)] for r in rs] for i in its]
         mean = [statistics.mean(y) for y in ys]
         h = [half_width_95(y) if len(y) > 1 else 0.0 for y in ys]
-        line, = curves.plot(its, mean, label=f"{METHODS[m][0]} ({len(rs)} seeds)")
+        line, = curves.plot(its, mean, label=f"{METHODS[m][0]} ({len(rs)} seeds)", color=f"C{list(METHODS).index(m)}")
         curves.fill_between(its, [a - b for a, b in zip(mean, h)], [a + b for a, b in zip(mean, h)],
                             color=line.get_color(), alpha=0.15)
     curves.set(xlabel="iteration", ylabel="greedy exact match, 500 test problems", title="learning, reward noise 0")
