@@ -177,6 +177,40 @@ def final_eval(path: Path, adapter: Path | None) -> dict:
     return {"em": metrics["em"]["value"], "maj8": metrics["maj@8"]["value"]}
 
 
+HELD_OUT_SOLUTIONS = 256   # clean solutions of the first test problems, for fit_of_solutions
+
+
+def fit_of_solutions(path: Path, adapter: Path | None) -> dict:
+    """What the adapters (None: the start model) fit, computed once and kept in `path`: the mean
+    per-token NLL of the validation solutions that g_val is the gradient of (the recipe's last
+    --val-size training rows, at its sampling temperature, as train.py scores them), and of the
+    clean solutions of HELD_OUT_SOLUTIONS test problems at temperature 1."""
+    if not path.exists():
+        from config import parse_config
+        from data import load_task, make_prompt
+        from influence import sft_nll
+        from model import load_adapter, load_policy
+        from rollout import encode_pairs
+        cfg = parse_config([str(ROOT / RECIPE)])
+        policy, tok = load_policy(cfg.model, lora_targets=cfg.targets(), lora_rank=cfg.lora_rank,
+                                  lora_alpha=cfg.lora_alpha, quiet=True)
+        if adapter:
+            load_adapter(policy, adapter)
+
+        def nll(examples, temperature: float) -> float:
+            seqs = encode_pairs(tok, [make_prompt(e.question, cfg.dataset) for e in examples],
+                                [e.solution for e in examples])
+            with torch.no_grad():
+                total, _ = sft_nll(policy, seqs, temperature)
+            return (total.sum() / seqs.response_mask.sum()).item()
+
+        train_rows = load_task(cfg.dataset, "train", arith_terms=cfg.arith_terms).examples
+        test_rows = load_task(cfg.dataset, "test", arith_terms=cfg.arith_terms).examples
+        path.write_text(json.dumps({"validation_nll": nll(train_rows[-cfg.val_size:], cfg.temperature),
+                                    "held_out_nll": nll(test_rows[:HELD_OUT_SOLUTIONS], 1.0)}))
+    return json.loads(path.read_text())
+
+
 # ----------------------------------------------------------------------------- the report
 
 def summarize(job: dict) -> dict:
@@ -190,6 +224,7 @@ def summarize(job: dict) -> dict:
     final = final_eval(job["run_dir"] / "final-eval.json", job["run_dir"] / "checkpoints" / f"iter_{ITERATIONS:06d}")
     aucs = [r["flip_auc"] for r in rows if r.get("flip_auc") is not None]
     signal = filter_signal(job["run_dir"])
+    fit = fit_of_solutions(job["run_dir"] / "fit.json", job["run_dir"] / "checkpoints" / f"iter_{ITERATIONS:06d}")
     return {"method": job["method"], "seed": job["seed"], "noise": job["noise"],
             "start": evals[0]["eval_accuracy"], "final": evals[ITERATIONS]["eval_accuracy"],
             "auc_curve": statistics.mean(e["eval_accuracy"] for i, e in evals.items() if i > 0),
@@ -199,6 +234,7 @@ def summarize(job: dict) -> dict:
             # medians: robust to an iteration that a busy machine (or a paused process) stretched
             "seconds_early": statistics.median(train_seconds[:10]), "seconds_late": statistics.median(train_seconds[-10:]),
             "minutes": sum(sum(v for k, v in r.get("seconds", {}).items() if k != "eval") for r in rows) / 60,
+            "validation_nll": fit["validation_nll"], "held_out_nll": fit["held_out_nll"],
             "kept_curve": kept, "seconds_curve": train_seconds,
             "flip_auc": statistics.mean(aucs) if aucs else None,
             "by_prompt": signal.pop("by_prompt") if signal else None, "signal": signal}
@@ -477,6 +513,23 @@ def write_report(out: Path, path: Path) -> None:
                                          f"{cell([s['kept_faithful'] for s in ss], 2)} | "
                                          f"{cell([s['kept_unfaithful'] for s in ss], 2)} | "
                                          f"{cell([s['kept_wrong'] for s in ss], 2)} |")
+        start_fit = fit_of_solutions(out / "start-fit.json", None)
+        lines += ["", "## What the filter fits: the likelihood of the validation solutions", "",
+                  "Mean per-token NLL of the final adapters on the validation solutions that g_val is the gradient "
+                  "of (the recipe's last --val-size training rows, at its sampling temperature, as the scores use it) "
+                  f"and on the clean solutions of {HELD_OUT_SOLUTIONS} test problems (temperature 1). The start model: "
+                  f"{start_fit['validation_nll']:.3f} and {start_fit['held_out_nll']:.3f}. Mean ± 95% t-interval "
+                  "over seeds; the difference to PPO paired by seed.", "",
+                  "| method | noise | seeds | validation NLL | - PPO (paired) | held-out NLL | - PPO (paired) |",
+                  "|---|---|---|---|---|---|---|"]
+        for noise in NOISE:
+            for m in METHODS:
+                rs = [r for r in results if r["method"] == m and r["noise"] == noise]
+                if rs:
+                    minus = lambda key: "-" if m == "ppo" else cell(paired(results, m, noise, key), 3)  # noqa: E731
+                    lines.append(f"| {METHODS[m][0]} | {noise:g} | {len(rs)} | {cell([r['validation_nll'] for r in rs])} "
+                                 f"| {minus('validation_nll')} | {cell([r['held_out_nll'] for r in rs])} "
+                                 f"| {minus('held_out_nll')} |")
         clustered = [r for r in results if r.get("by_prompt")]
         if clustered:
             lines += ["", "## Does the filter choose answers or prompts?", "",
