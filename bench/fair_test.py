@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -81,6 +82,7 @@ LR_GRID = [5e-4, 1e-3, 2e-3]
 TUNE_SEED = 100
 TUNE_ITERATIONS = 100
 TUNE_EVALS = (50, 75, 100)
+WINDOW = 10          # iterations per point of the kept-fraction and seconds curves
 FINAL_EVAL = ["--dataset", "arith", "--arith-terms", "3", "--metrics", "em,maj@8", "--samples", "8",
               "--temperature", "1.0", "--max-new-tokens", "40", "--limit", "0", "--batch-size", "128", "--seed", "0",
               "--no-progress"]
@@ -175,6 +177,40 @@ def final_eval(path: Path, adapter: Path | None) -> dict:
     return {"em": metrics["em"]["value"], "maj8": metrics["maj@8"]["value"]}
 
 
+HELD_OUT_SOLUTIONS = 256   # clean solutions of the first test problems, for fit_of_solutions
+
+
+def fit_of_solutions(path: Path, adapter: Path | None) -> dict:
+    """What the adapters (None: the start model) fit, computed once and kept in `path`: the mean
+    per-token NLL of the validation solutions that g_val is the gradient of (the recipe's last
+    --val-size training rows, at its sampling temperature, as train.py scores them), and of the
+    clean solutions of HELD_OUT_SOLUTIONS test problems at temperature 1."""
+    if not path.exists():
+        from config import parse_config
+        from data import load_task, make_prompt
+        from influence import sft_nll
+        from model import load_adapter, load_policy
+        from rollout import encode_pairs
+        cfg = parse_config([str(ROOT / RECIPE)])
+        policy, tok = load_policy(cfg.model, lora_targets=cfg.targets(), lora_rank=cfg.lora_rank,
+                                  lora_alpha=cfg.lora_alpha, quiet=True)
+        if adapter:
+            load_adapter(policy, adapter)
+
+        def nll(examples, temperature: float) -> float:
+            seqs = encode_pairs(tok, [make_prompt(e.question, cfg.dataset) for e in examples],
+                                [e.solution for e in examples])
+            with torch.no_grad():
+                total, _ = sft_nll(policy, seqs, temperature)
+            return (total.sum() / seqs.response_mask.sum()).item()
+
+        train_rows = load_task(cfg.dataset, "train", arith_terms=cfg.arith_terms).examples
+        test_rows = load_task(cfg.dataset, "test", arith_terms=cfg.arith_terms).examples
+        path.write_text(json.dumps({"validation_nll": nll(train_rows[-cfg.val_size:], cfg.temperature),
+                                    "held_out_nll": nll(test_rows[:HELD_OUT_SOLUTIONS], 1.0)}))
+    return json.loads(path.read_text())
+
+
 # ----------------------------------------------------------------------------- the report
 
 def summarize(job: dict) -> dict:
@@ -187,6 +223,8 @@ def summarize(job: dict) -> dict:
     train_seconds = [sum(v for k, v in r.get("seconds", {}).items() if k != "eval") for r in rows if r["iteration"] > 0]
     final = final_eval(job["run_dir"] / "final-eval.json", job["run_dir"] / "checkpoints" / f"iter_{ITERATIONS:06d}")
     aucs = [r["flip_auc"] for r in rows if r.get("flip_auc") is not None]
+    signal = filter_signal(job["run_dir"])
+    fit = fit_of_solutions(job["run_dir"] / "fit.json", job["run_dir"] / "checkpoints" / f"iter_{ITERATIONS:06d}")
     return {"method": job["method"], "seed": job["seed"], "noise": job["noise"],
             "start": evals[0]["eval_accuracy"], "final": evals[ITERATIONS]["eval_accuracy"],
             "auc_curve": statistics.mean(e["eval_accuracy"] for i, e in evals.items() if i > 0),
@@ -196,13 +234,17 @@ def summarize(job: dict) -> dict:
             # medians: robust to an iteration that a busy machine (or a paused process) stretched
             "seconds_early": statistics.median(train_seconds[:10]), "seconds_late": statistics.median(train_seconds[-10:]),
             "minutes": sum(sum(v for k, v in r.get("seconds", {}).items() if k != "eval") for r in rows) / 60,
-            "flip_auc": statistics.mean(aucs) if aucs else None, "signal": filter_signal(job["run_dir"])}
+            "validation_nll": fit["validation_nll"], "held_out_nll": fit["held_out_nll"],
+            "kept_curve": kept, "seconds_curve": train_seconds,
+            "flip_auc": statistics.mean(aucs) if aucs else None,
+            "by_prompt": signal.pop("by_prompt") if signal else None, "signal": signal}
 
 
 def filter_signal(run_dir: Path) -> dict | None:
     """From a scored run's episodes.jsonl: per third of the run (iterations 1-50, 51-100, 101-150),
     the AUC of the scores for correct vs wrong and, among the correct, faithful vs unfaithful,
-    with the kept share of each class. None when the run has no scores."""
+    with the kept share of each class; and under "by_prompt", by_prompt() of all its episodes.
+    None when the run has no scores."""
     path = run_dir / "episodes.jsonl"
     if not path.exists():
         return None
@@ -213,7 +255,7 @@ def filter_signal(run_dir: Path) -> dict | None:
             if e.get("score") is None:
                 return None
             thirds.setdefault(min((e["iteration"] - 1) * 3 // ITERATIONS, 2), []).append(e)
-    out = {}
+    out = {"by_prompt": by_prompt([e for eps in thirds.values() for e in eps])}
     for third, eps in sorted(thirds.items()):
         scores = torch.tensor([e["score"] for e in eps], dtype=torch.float64)
         correct = torch.tensor([e["reasoning"] in ("faithful", "unfaithful") for e in eps])
@@ -226,6 +268,31 @@ def filter_signal(run_dir: Path) -> dict | None:
                       "kept_faithful": share(faithful), "kept_unfaithful": share(correct & ~faithful),
                       "kept_wrong": share(~correct)}
     return out
+
+
+def by_prompt(episodes: list[dict]) -> dict:
+    """Does the filter choose answers, or prompts? Over a run's episodes, grouped by (iteration,
+    prompt): among the prompts whose samples all got the same reward, the share whose samples were
+    all kept or all dropped; among the prompts with both rewards, the share whose kept samples are
+    exactly the correct ones. Each next to its value if every episode were kept independently with
+    the run's kept fraction. And the share of the scores' variance that lies between prompts."""
+    groups = {}
+    for e in episodes:
+        groups.setdefault((e["iteration"], e["prompt"]), []).append(e)
+    p = statistics.mean(e["kept"] for e in episodes)
+    same = [g for g in groups.values() if len({e["reward"] for e in g}) == 1]
+    mixed = [g for g in groups.values() if len({e["reward"] for e in g}) > 1]
+    all_or_none = lambda g: len({e["kept"] for e in g}) == 1                           # noqa: E731
+    scores = [e["score"] for e in episodes]
+    mean = statistics.fmean(scores)
+    total = sum((x - mean) ** 2 for x in scores)
+    between = sum(len(g) * (statistics.fmean(e["score"] for e in g) - mean) ** 2 for g in groups.values())
+    return {"same_all_or_none": statistics.mean(map(all_or_none, same)) if same else None,
+            "same_all_or_none_independent": statistics.mean(p ** len(g) + (1 - p) ** len(g) for g in same) if same else None,
+            "mixed_kept_correct": statistics.mean(all(e["kept"] == (e["reward"] > 0) for e in g) for g in mixed) if mixed else None,
+            "mixed_kept_correct_independent": statistics.mean(
+                math.prod(p if e["reward"] > 0 else 1 - p for e in g) for g in mixed) if mixed else None,
+            "score_between_prompts": between / total if total > 0 else None}
 
 
 def cell(values: list, digits: int = 3, scale: float = 1.0) -> str:
@@ -308,12 +375,37 @@ def claims(results: list[dict], start: dict) -> list[str]:
 
 
 def write_figure(results: list[dict], path: Path) -> None:
-    """Two panels: greedy em against iteration per method at noise 0 (mean over seeds with the
-    band of the 95% interval), and the AUC of each filter's scores for correct vs wrong and
-    faithful vs unfaithful per third of the run (mean and interval over seeds and noise levels)."""
+    """Four panels: greedy em against iteration per method at noise 0 (mean over seeds with the
+    band of the 95% interval); the AUC of each filter's scores for correct vs wrong and faithful
+    vs unfaithful per third of the run (mean and interval over seeds and noise levels); and, at
+    noise 0, the kept fraction and the training seconds of an iteration against iteration (means
+    (seconds: medians) over windows of WINDOW iterations, then means over seeds, with the band of the
+    95% interval)."""
     from matplotlib.figure import Figure   # no pyplot: no global state, no GUI backend
-    fig = Figure(figsize=(12, 4.2))
-    curves, signal = fig.subplots(1, 2)
+    fig = Figure(figsize=(12, 8.4))
+    (curves, signal), (kept_ax, seconds_ax) = fig.subplots(2, 2)
+    # seconds: the window's median, robust to an iteration that a busy machine (or a paused process) stretched
+    for ax, key, methods, center in ((kept_ax, "kept_curve", ("ippo", "ippo-binary", "random-filter", "dtv"),
+                                      statistics.mean),
+                                     (seconds_ax, "seconds_curve", tuple(METHODS), statistics.median)):
+        for m in methods:
+            rs = [r[key] for r in results if r["method"] == m and r["noise"] == 0.0 and r.get(key)]
+            if not rs:
+                continue
+            n = min(map(len, rs)) // WINDOW
+            ys = [[center(r[w * WINDOW:(w + 1) * WINDOW]) for r in rs] for w in range(n)]
+            xs = [w * WINDOW + (WINDOW + 1) / 2 for w in range(n)]
+            mean = [statistics.mean(y) for y in ys]
+            h = [half_width_95(y) if len(y) > 1 else 0.0 for y in ys]
+            line, = ax.plot(xs, mean, label=f"{METHODS[m][0]} ({len(rs)} seeds)",
+                            color=f"C{list(METHODS).index(m)}")
+            ax.fill_between(xs, [a - b for a, b in zip(mean, h)], [a + b for a, b in zip(mean, h)],
+                            color=line.get_color(), alpha=0.15)
+        ax.legend(fontsize=8)
+    kept_ax.set(xlabel="iteration", ylabel="kept fraction of the episodes",
+                title="intrinsic early stopping? kept fraction, noise 0")
+    seconds_ax.set(xlabel="iteration", ylabel="training seconds per iteration (shared cores)",
+                   title="do iterations get cheaper? noise 0")
     for m in METHODS:
         rs = [r for r in results if r["method"] == m and r["noise"] == 0.0]
         if not rs:
@@ -322,7 +414,7 @@ def write_figure(results: list[dict], path: Path) -> None:
         ys = [[r["curve"][i] if i in r["curve"] else r["curve"][str(i)] for r in rs] for i in its]
         mean = [statistics.mean(y) for y in ys]
         h = [half_width_95(y) if len(y) > 1 else 0.0 for y in ys]
-        line, = curves.plot(its, mean, label=f"{METHODS[m][0]} ({len(rs)} seeds)")
+        line, = curves.plot(its, mean, label=f"{METHODS[m][0]} ({len(rs)} seeds)", color=f"C{list(METHODS).index(m)}")
         curves.fill_between(its, [a - b for a, b in zip(mean, h)], [a + b for a, b in zip(mean, h)],
                             color=line.get_color(), alpha=0.15)
     curves.set(xlabel="iteration", ylabel="greedy exact match, 500 test problems", title="learning, reward noise 0")
@@ -421,6 +513,45 @@ def write_report(out: Path, path: Path) -> None:
                                          f"{cell([s['kept_faithful'] for s in ss], 2)} | "
                                          f"{cell([s['kept_unfaithful'] for s in ss], 2)} | "
                                          f"{cell([s['kept_wrong'] for s in ss], 2)} |")
+        start_fit = fit_of_solutions(out / "start-fit.json", None)
+        lines += ["", "## What the filter fits: the likelihood of the validation solutions", "",
+                  "Mean per-token NLL of the final adapters on the validation solutions that g_val is the gradient "
+                  "of (the recipe's last --val-size training rows, at its sampling temperature, as the scores use it) "
+                  f"and on the clean solutions of {HELD_OUT_SOLUTIONS} test problems (temperature 1). The start model: "
+                  f"{start_fit['validation_nll']:.3f} and {start_fit['held_out_nll']:.3f}. Mean ± 95% t-interval "
+                  "over seeds; the difference to PPO paired by seed.", "",
+                  "| method | noise | seeds | validation NLL | - PPO (paired) | held-out NLL | - PPO (paired) |",
+                  "|---|---|---|---|---|---|---|"]
+        for noise in NOISE:
+            for m in METHODS:
+                rs = [r for r in results if r["method"] == m and r["noise"] == noise]
+                if rs:
+                    minus = lambda key: "-" if m == "ppo" else cell(paired(results, m, noise, key), 3)  # noqa: E731
+                    lines.append(f"| {METHODS[m][0]} | {noise:g} | {len(rs)} | {cell([r['validation_nll'] for r in rs])} "
+                                 f"| {minus('validation_nll')} | {cell([r['held_out_nll'] for r in rs])} "
+                                 f"| {minus('held_out_nll')} |")
+        clustered = [r for r in results if r.get("by_prompt")]
+        if clustered:
+            lines += ["", "## Does the filter choose answers or prompts?", "",
+                      "Each iteration's episodes grouped by prompt (4 samples each), over the whole run. Among the "
+                      "prompts whose samples all got the same reward: the share whose samples were all kept or all "
+                      "dropped. Among the prompts with both rewards: the share whose kept samples are exactly the "
+                      "correct ones. Each next to what keeping every episode independently, at the run's kept "
+                      "fraction, would give (\"if independent\"). Last column: the share of the scores' variance "
+                      "that lies between prompts (the rest is between the samples of one prompt; scores that ignore the "
+                      "prompt would give about 1/4, the share of (groups - 1) in (episodes - 1)). Mean ± 95% "
+                      "t-interval over seeds.", "",
+                      "| method | noise | seeds | same reward: all or none kept | if independent "
+                      "| both rewards: kept = correct | if independent | score variance between prompts |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for m in ("ippo", "ippo-binary", "random-filter", "dtv"):
+                for noise in NOISE:
+                    bs = [r["by_prompt"] for r in clustered if r["method"] == m and r["noise"] == noise]
+                    if bs:
+                        lines.append(f"| {METHODS[m][0]} | {noise:g} | {len(bs)} | "
+                                     + " | ".join(cell([b[k] for b in bs], 2) for k in (
+                                         "same_all_or_none", "same_all_or_none_independent", "mixed_kept_correct",
+                                         "mixed_kept_correct_independent", "score_between_prompts")) + " |")
     path.write_text("\n".join(lines) + "\n")
     if results:
         write_figure(results, path.with_name("fair-test.png"))

@@ -31,7 +31,10 @@ solutions and against the batch reference; the AUC of true vs each kind of plant
     HF_HUB_OFFLINE=1 python bench/filter_signal.py --gsm8k --problems 48
 
 (RUN: a run of python train.py configs/tiny.toml --keep-checkpoints 200, so that its middle
-checkpoint is kept.) Writes a markdown table to --out (and prints it).
+checkpoint is kept.) Writes a markdown table to --out (and prints it). The figure is drawn from
+that table, so it shows exactly the numbers written there:
+
+    python bench/filter_signal.py --figure docs/filter-signal.md --out docs/filter-signal.png
 """
 
 from __future__ import annotations
@@ -231,14 +234,76 @@ def gsm8k_rows(args) -> list[str]:
     return rows
 
 
+AUC_COLUMNS = {2: "correct vs wrong", 3: "faithful vs unfaithful (among correct)", 4: "not flipped vs flipped (noise 0.2)"}
+
+
+def read_table(path: Path) -> list[dict]:
+    """The tiny-world rows of a table this script wrote (also inside a longer markdown file):
+    point, variant, and for each AUC column (auc, low, high), None where the cell is '-'."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 7 or cells[0] in ("point", "") or cells[0].startswith("-"):
+            continue
+        row = {"point": cells[0], "variant": cells[1]}
+        for col, name in AUC_COLUMNS.items():
+            if cells[col] == "-":
+                row[name] = None
+                continue
+            auc, interval = cells[col].split(" ", 1)
+            low, high = interval.strip("[]").split(", ")
+            row[name] = (float(auc), float(low), float(high))
+        rows.append(row)
+    if not rows:
+        raise SystemExit(f"{path}: no rows of a filter_signal.py table (| point | variant | AUC ... |) found")
+    return rows
+
+
+def write_figure(rows: list[dict], out: Path) -> None:
+    """One panel per AUC column: the AUC with its 95% interval against the point of the run, a
+    line per variant, and the chance level 0.5."""
+    from matplotlib.figure import Figure   # no pyplot: no global state, no GUI backend
+    points = list(dict.fromkeys(r["point"] for r in rows))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    fig = Figure(figsize=(13, 4.2))
+    axes = fig.subplots(1, len(AUC_COLUMNS), sharey=True)
+    for ax, name in zip(axes, AUC_COLUMNS.values()):
+        for k, variant in enumerate(variants):
+            offset = (k - (len(variants) - 1) / 2) * 0.06     # side by side, so the bars do not overlap
+            xs, ys, err = [], [], [[], []]
+            for x, point in enumerate(points):
+                cell = next((r[name] for r in rows if r["point"] == point and r["variant"] == variant), None)
+                if cell is None:
+                    continue
+                xs.append(x + offset)
+                ys.append(cell[0])
+                err[0].append(cell[0] - cell[1])
+                err[1].append(cell[2] - cell[0])
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=2, label=variant,
+                        linewidth=2.5 if variant == "default" else 1, color="black" if variant == "default" else None)
+        ax.axhline(0.5, color="grey", linestyle="--", linewidth=1)
+        ax.set_xticks(range(len(points)), points)
+        ax.set_title(f"AUC {name}", fontsize=10)
+        ax.set_xlabel("point of the PPO run")
+    axes[0].set_ylabel("AUC of the influence score (95% interval)")
+    axes[-1].legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoints", default="", help="name=checkpoint directory,... (the start is always there)")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--gsm8k", action="store_true", help="the Gemma-3-270M GSM8K probe instead")
     parser.add_argument("--problems", type=int, default=48, help="--gsm8k: true solutions (and as many of each planted kind)")
-    parser.add_argument("--out", default=None, help="write the table here (markdown)")
+    parser.add_argument("--figure", default="", help="draw the figure of a table written before (markdown) to --out")
+    parser.add_argument("--out", default=None, help="write the table here (markdown), or the figure (png) with --figure")
     args = parser.parse_args()
+    if args.figure:
+        write_figure(read_table(Path(args.figure)), Path(args.out or "filter-signal.png"))
+        return
     rows = gsm8k_rows(args) if args.gsm8k else tiny_rows(args)
     text = "\n".join(rows) + "\n"
     print(text)

@@ -10,12 +10,17 @@ is loaded (the same load in a process of its own); on a GPU torch.cuda.max_memor
 --passes shared keeps the graph of every episode's scoring forward alive until the scores (its
 memory grows with prompts x samples); --passes separate holds --micro-batch-size episodes' graph
 at a time.
+
+--limit-gib caps each child's address space (RLIMIT_AS, which also counts the libraries'
+mappings): a path that needs more stops with an allocation error instead of waking the kernel's
+OOM killer, and its row says "stopped", with the error and the peak it reached before stopping.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -29,29 +34,46 @@ sys.path.insert(0, {root!r})
 import train
 from model import load_policy
 argv = json.loads(sys.argv[1])
-if argv == ["--load-only"]:
-    load_policy("gemma-3-270m", device={device!r}, dtype={dtype!r}, quiet=True)
-else:
-    train.main(argv)
+error = None
+try:
+    if argv == ["--load-only"]:
+        load_policy("gemma-3-270m", device={device!r}, dtype={dtype!r}, quiet=True)
+    else:
+        train.main(argv)
+except (MemoryError, RuntimeError) as e:     # an allocation refused under --limit-gib
+    error = f"{{type(e).__name__}}: {{(str(e).splitlines() or [''])[0][:200]}}"
 gpu = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
-print(json.dumps({{"rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "gpu_gib": gpu}}))
+print(json.dumps({{"rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "gpu_gib": gpu,
+                  "error": error}}))
 """
 
 
-def run(argv: list[str], device: str, dtype: str) -> dict:
+def run(argv: list[str], device: str, dtype: str, limit_gib: float) -> dict:
     code = CHILD.format(root=str(ROOT), device=device, dtype=dtype)
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], capture_output=True, text=True, check=True,
-                         cwd=ROOT).stdout
-    return json.loads(out.strip().splitlines()[-1])
+
+    def cap() -> None:
+        if limit_gib:
+            limit = int(limit_gib * 2**30)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], capture_output=True, text=True, cwd=ROOT,
+                          preexec_fn=cap)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+        return {"rss_gib": None, "gpu_gib": None, "error": tail[0][:200]}
+    return json.loads(lines[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--limit-gib", type=float, default=0.0,
+                        help="cap each child's address space at this many GiB (0: no cap)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    figures = {"load only": run(["--load-only"], args.device, args.dtype)}
+    figures = {"load only": run(["--load-only"], args.device, args.dtype, args.limit_gib)}
     with tempfile.TemporaryDirectory() as tmp:
         for passes in ("shared", "separate"):
             argv = ["--model", "gemma-3-270m", "--dataset", "gsm8k", "--data-source", "local", "--influence", "on",
@@ -60,14 +82,19 @@ def main() -> None:
                     "--val-batch-size", "2", "--eval-every", "0", "--no-plots", "--no-progress",
                     "--device", args.device, "--dtype", args.dtype, "--passes", passes,
                     "--run-dir", f"{tmp}/{passes}"]
-            figures[passes] = run(argv, args.device, args.dtype)
-            rows = [json.loads(line) for line in Path(f"{tmp}/{passes}/metrics.jsonl").read_text().splitlines()]
-            figures[passes] |= {"seconds": rows[-1]["seconds"], "response_tokens": rows[-1]["response_tokens"]}
+            figures[passes] = run(argv, args.device, args.dtype, args.limit_gib)
+            metrics = Path(f"{tmp}/{passes}/metrics.jsonl")
+            rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+            rows = [r for r in rows if "seconds" in r]
+            if rows and not figures[passes]["error"]:
+                figures[passes] |= {"seconds": rows[-1]["seconds"], "response_tokens": rows[-1]["response_tokens"]}
             print(f"{passes}: {figures[passes]}", file=sys.stderr)
-    print(f"{'path':<10} {'peak RSS GiB':>13} {'GPU peak GiB':>13}")
+    print(f"{'path':<10} {'peak RSS GiB':>13} {'GPU peak GiB':>13}  note")
     for name, f in figures.items():
+        rss = "-" if f["rss_gib"] is None else f"{f['rss_gib']:.2f}"
         gpu = "-" if f["gpu_gib"] is None else f"{f['gpu_gib']:.2f}"
-        print(f"{name:<10} {f['rss_gib']:>13.2f} {gpu:>13}")
+        note = f"stopped (limit {args.limit_gib:g} GiB): {f['error']}" if f.get("error") else ""
+        print(f"{name:<10} {rss:>13} {gpu:>13}  {note}")
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=2))
 

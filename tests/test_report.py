@@ -182,3 +182,44 @@ def test_plots_png_is_redrawn_at_every_evaluation(tiny_dir, tmp_path, monkeypatc
                 "--eval-max-new-tokens", "4", "--val-size", "2", "--no-progress", "--data-source", "local"])
     assert drawn == [3, 5]                  # after iteration 2 (rows 0-2), and at the end (rows 0-4)
     assert (tmp_path / "r" / "plots.png").stat().st_size > 0 and not (tmp_path / "r" / "plots.png.tmp").exists()
+
+
+def test_filter_signal_figure_is_drawn_from_the_table_it_wrote(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    import filter_signal
+    table = tmp_path / "signal.md"
+    table.write_text("Some prose.\n\n"
+                     "| point | variant | AUC correct vs wrong | AUC faithful vs unfaithful (correct) | AUC not flipped "
+                     "(noise 0.2) | kept: faithful / unfaithful / wrong | kept: not flipped / flipped |\n"
+                     "|---|---|---|---|---|---|---|\n"
+                     "| start | default | 0.62 [0.57, 0.67] | - | 0.61 [0.55, 0.66] | 0.73 / - / 0.55 | 0.58 / 0.41 |\n"
+                     "| end | default | 0.46 [0.42, 0.51] | 0.56 [0.48, 0.65] | 0.55 [0.49, 0.61] | 0.60 / 0.49 / 0.57 | 0.56 / 0.48 |\n")
+    rows = filter_signal.read_table(table)
+    assert [(r["point"], r["variant"]) for r in rows] == [("start", "default"), ("end", "default")]
+    assert rows[0]["correct vs wrong"] == (0.62, 0.57, 0.67)
+    assert rows[0]["faithful vs unfaithful (among correct)"] is None
+    filter_signal.write_figure(rows, tmp_path / "signal.png")
+    assert (tmp_path / "signal.png").stat().st_size > 1000
+    (tmp_path / "prose.md").write_text("no table here\n")
+    with pytest.raises(SystemExit, match="prose.md"):
+        filter_signal.read_table(tmp_path / "prose.md")
+
+
+def test_by_prompt_tells_a_filter_that_keeps_whole_prompts_from_an_independent_one(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    import fair_test
+
+    def episodes(keep):   # 4 prompts x 4 samples; prompts 0, 1 all correct, 2 all wrong, 3 mixed
+        rewards = [[1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0]]
+        return [{"iteration": 1, "prompt": f"q{j}", "reward": float(r), "kept": keep(j, i), "score": float(j + 0.1 * i)}
+                for j, rs in enumerate(rewards) for i, r in enumerate(rs)]
+
+    whole = fair_test.by_prompt(episodes(lambda j, i: j in (0, 3) if j != 3 else i < 2))
+    assert whole["same_all_or_none"] == 1.0
+    assert whole["mixed_kept_correct"] == 1.0                 # prompt 3 kept exactly its two correct samples
+    p = 6 / 16                                                # prompt 0 and two samples of prompt 3 kept
+    assert whole["same_all_or_none_independent"] == pytest.approx(p ** 4 + (1 - p) ** 4)
+    assert whole["mixed_kept_correct_independent"] == pytest.approx(p * p * (1 - p) * (1 - p))
+    assert whole["score_between_prompts"] > 0.9               # the score is mostly the prompt's index
+    mixed = fair_test.by_prompt(episodes(lambda j, i: i % 2 == 0))
+    assert mixed["same_all_or_none"] == 0.0 and mixed["mixed_kept_correct"] == 0.0
