@@ -3,6 +3,7 @@ critic's episodes (--critic-episodes), what the value loss trains (--critic-grad
 of optimizer steps, one temperature for g_i and g_val; and DTV's validation-free reference
 (--reference batch | batch-loo) against its per-episode oracle."""
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,6 +46,22 @@ def test_batch_reference_scores_equal_the_per_episode_oracle(buffer, loo, micro)
     torch.testing.assert_close(onepass.double(), expected, rtol=1e-4, atol=1e-6 * scale)
     if not loo:   # the mean direction: every episode's score averages to |mean g|^2 > 0
         assert expected.mean().item() == pytest.approx(grads.mean(0).square().sum().item(), rel=1e-6)
+
+
+def test_two_pass_batch_reference_of_the_gsm8k_probe_equals_the_oracle(buffer, monkeypatch):
+    """bench/filter_signal.py scores the 270M's batch reference in two passes (the mean gradient,
+    then the one-pass contraction with it) so that no episode's forward is kept alive."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    import filter_signal
+    from influence import onepass_scores
+    policy, _, rollouts, advantages = buffer
+    grads = episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE).double()
+    mean_g = filter_signal.mean_episode_gradient(policy, rollouts, advantages, clip_eps=0.2,
+                                                 temperature=TEMPERATURE, batch_size=4)
+    torch.testing.assert_close(mean_g.double(), grads.mean(0), rtol=1e-4, atol=1e-7)
+    two_pass = onepass_scores(policy, rollouts, advantages, mean_g, clip_eps=0.2, temperature=TEMPERATURE, batch_size=4)
+    expected = grads @ grads.mean(0)
+    torch.testing.assert_close(two_pass.double(), expected, rtol=1e-4, atol=1e-6 * expected.abs().max().item())
 
 
 def test_dtv_filter_keeps_nonnegative_scores_at_weight_one():
