@@ -124,6 +124,21 @@ def test_every_filter_takes_the_same_optimizer_steps(buffer, n_kept):
     assert metrics["optimizer_steps"] == 2 * math.ceil(6 / 2)
 
 
+def test_a_minibatch_keeps_the_samples_of_a_prompt_together():
+    """32 prompts x 4 samples, minibatches of 64 in micro-batches of 16: every minibatch is a
+    random draw, listed in buffer order, so a prompt's samples that were drawn together sit
+    in one micro-batch (and share their prompt's forward) instead of being scattered."""
+    cfg = Config(minibatch_size=64, micro_batch_size=16, ppo_epochs=2)
+    every = torch.ones(128, dtype=torch.bool)
+    steps = train.minibatch_plan(3, cfg, every, every)
+    assert len(steps) == 4
+    for _, _, _, mb in steps:
+        assert torch.equal(mb, mb.sort().values)
+        prompts_per_micro = [len(torch.unique(micro // 4)) for micro in train.chunks(mb, cfg.micro_batch_size)]
+        assert sum(prompts_per_micro) <= 64 - 16       # scattered at random they would fill about 60
+    assert sorted(torch.cat([mb for *_, mb in steps[:2]]).tolist()) == list(range(128))
+
+
 def test_g_val_is_taken_at_the_sampling_temperature(buffer, monkeypatch):
     policy, tok, rollouts, advantages = buffer
     from rollout import encode_pairs
