@@ -22,6 +22,12 @@ Everything below was fixed before any run of this script was looked at:
   measured          greedy exact match on all 500 test problems every 10 iterations, with the
                     unfaithful share of the correct answers (reasoning.py)
 
+The 60 runs ran with configs/tiny.toml's --micro-batch-size 64 and a forward per episode in
+the log-prob passes (the code of 2026-12-05); both change only how the sums are batched, not the
+math: today's recipe puts all 128 episodes in one micro-batch and lets the samples of a prompt
+share its forward, which changes the floats' rounding, so a rerun reproduces the runs within
+their spread rather than bit for bit.
+
 Added after the grid had started, before any of it was computed, because the claims ask for
 it: maj@8 of each finished run's final adapters and of the start model (FINAL_EVAL: evaluate.py
 on all 500 test problems, 8 samples at temperature 1, seed 0), written to final-eval.json in the
