@@ -161,7 +161,7 @@ def scoring_forward(policy, part: Sequences, temperature: float) -> ScoringForwa
 
     handles = [layer.register_forward_hook(record(k)) for k, layer in enumerate(layers)]
     try:
-        logprobs, values, _ = token_logprobs(policy, part, temperature)
+        logprobs, values, _ = token_logprobs(policy, part, temperature, share_prompts=False)   # x, d per episode
     finally:
         for h in handles:
             h.remove()

@@ -21,7 +21,8 @@ Public functions:
     adapters_disabled(model)        context manager: the reference policy pi_ref
     load_reference_adapter(policy, dir) a checkpoint's LoRA tensors as a frozen reference adapter
     lora_parameters(model)          the LoRA tensors in a fixed order (what influence scores use)
-    Policy                          LM + value head: hidden_states, logits, forward -> (logits, values)
+    Policy                          LM + value head: hidden_states, response_hidden_states (the
+                                      samples of one prompt share its forward), logits, forward
     save_adapter(policy, dir, lora), load_adapter(policy, dir, with_value_head=True),
     read_adapter_config(dir)        checkpoints of the trainable tensors (safetensors + JSON)
     eos_token_ids(tokenizer)        the token ids that end a response
@@ -169,6 +170,38 @@ class Policy(nn.Module):
         out = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
                                     position_ids=position_ids, use_cache=False)
         return out.last_hidden_state[:, -n_last:]
+
+    def response_hidden_states(self, prompt_ids, prompt_mask, response_ids, response_mask,
+                               share_prompts: bool = True) -> torch.Tensor:
+        """The final hidden states that predict each response token, (N, T, H): position P-1+t
+        of prompt + response for token t (prompts left-padded, responses right-padded).
+
+        With `share_prompts`, rows whose prompts are equal (the samples of one prompt) share
+        that prompt's forward. Under causal attention a prompt's states do not depend on what
+        follows it, so its keys and values are computed once, copied to each of its rows for
+        the responses' forward, and the backward sums what the rows send back to it: the same
+        numbers and gradients as one forward per row (tests/test_rollout.py), with the prompt's
+        tokens computed once instead of once per sample. rollout.sample shares the prefill the
+        same way. Where no two prompts are equal it is the one forward per row."""
+        T = response_ids.shape[1]
+        rows = torch.cat([prompt_ids, prompt_mask.long()], dim=1)
+        unique, row_of = torch.unique(rows, dim=0, return_inverse=True)           # U distinct prompts
+        if not share_prompts or len(unique) == len(rows):
+            input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+            attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
+            return self.hidden_states(input_ids, attention_mask, n_last=T + 1)[:, :-1]
+        from transformers import DynamicCache
+        ids, mask = unique[:, :prompt_ids.shape[1]], unique[:, prompt_ids.shape[1]:]
+        position = (mask.cumsum(-1) - 1).clamp(min=0)
+        decoder, cache = self.lm.get_decoder(), DynamicCache()
+        prompts = decoder(input_ids=ids, attention_mask=mask, position_ids=position, cache=cache, use_cache=True)
+        cache.reorder_cache(row_of)                                                 # U prompts -> N rows
+        position = position[row_of, -1:] + 1 + torch.arange(T, device=ids.device)  # (N, T)
+        attention_mask = torch.cat([mask[row_of], response_mask.long()], dim=1)
+        responses = decoder(input_ids=response_ids, attention_mask=attention_mask, position_ids=position,
+                            cache=cache, use_cache=True)
+        # The prompt's last position predicts response token 0; response position t predicts t + 1.
+        return torch.cat([prompts.last_hidden_state[row_of, -1:], responses.last_hidden_state[:, :-1]], dim=1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits from hidden states, fp32, with Gemma's soft-capping if configured."""

@@ -99,7 +99,7 @@ def encode_pairs(tokenizer, prompts: list[str], responses: list[str], device="cp
 
 
 def token_logprobs(policy, seqs: Sequences, temperature: float = 1.0, with_entropy: bool = False,
-                   lean: bool = True):
+                   lean: bool = True, share_prompts: bool = True):
     """log pi(a_t | s_t) of each response token, the value V(s_t) of the state before it, and
     (if `with_entropy`, else None) the entropy of pi(. | s_t); logits are divided by
     `temperature` (that is the distribution the tokens were sampled from). Returns (N, T) fp32
@@ -108,16 +108,16 @@ def token_logprobs(policy, seqs: Sequences, temperature: float = 1.0, with_entro
     lean=True (the default) applies the LM head only at real response tokens, in chunks, and
     recomputes those logits in the backward pass (TargetLogProb), so memory grows with the
     number of response tokens times the chunk, never with N x T x vocabulary. lean=False is
-    the plain reference: full logits, log_softmax, gather (tests check the two agree)."""
+    the plain reference: full logits, log_softmax, gather (tests check the two agree).
+    share_prompts=True (the default) runs the forward of a prompt once for all its samples in
+    `seqs` (Policy.response_hidden_states: the same numbers, fewer tokens); the influence
+    scoring's forward turns it off, as its hooks need one row of every layer per episode."""
     # Drop prompt columns that are padding in every row (cheaper; positions come from the mask).
     start = int(seqs.prompt_mask.any(0).long().argmax())
     prompt_ids, prompt_mask = seqs.prompt_ids[:, start:], seqs.prompt_mask[:, start:]
-    T = seqs.response_ids.shape[1]
-    input_ids = torch.cat([prompt_ids, seqs.response_ids], dim=1)
-    attention_mask = torch.cat([prompt_mask, seqs.response_mask.long()], dim=1)
     mask = seqs.response_mask
-    # Position P-1+t predicts response token t: keep the last T+1 positions, drop the final one.
-    hidden = policy.hidden_states(input_ids, attention_mask, n_last=T + 1)[:, :-1]   # (N, T, H)
+    hidden = policy.response_hidden_states(prompt_ids, prompt_mask, seqs.response_ids, mask,
+                                           share_prompts=share_prompts)            # (N, T, H)
     values = policy.value(hidden) * mask                                             # (N, T)
     if lean and policy.softcap is None:
         where = mask.bool()

@@ -320,7 +320,10 @@ def minibatch_plan(it: int, cfg: Config, keep: torch.Tensor, value_on: torch.Ten
     indices into this rank's episodes. Each epoch shuffles every episode of the buffer (as
     indices into all ranks' episodes in rank order) and splits them into
     ceil(N / --minibatch-size) minibatches: the same steps whatever the filter keeps; the draw
-    is the same in every rank and for any number of ranks."""
+    is the same in every rank and for any number of ranks. A minibatch lists its episodes in
+    buffer order, so that the samples of one prompt are neighbours and share a micro-batch,
+    and with it their prompt's forward (Policy.response_hidden_states); the sum over the
+    minibatch is the same in any order."""
     keep_all, value_all = dist.cat(keep.float()).cpu(), dist.cat(value_on.float()).cpu()
     n_all = len(keep_all)
     first = dist.offset(len(keep))                    # this rank's episodes are [first, first + N)
@@ -329,6 +332,7 @@ def minibatch_plan(it: int, cfg: Config, keep: torch.Tensor, value_on: torch.Ten
     steps = []
     for epoch in range(cfg.ppo_epochs):
         for mb in torch.randperm(n_all, generator=generator).tensor_split(n_minibatches):
+            mb = mb.sort().values
             steps.append((epoch, int(keep_all[mb].sum()), int(value_all[mb].sum()),
                           mb[(mb >= first) & (mb < first + len(keep))] - first))
     return steps
@@ -391,9 +395,9 @@ def theta_old_forwards(it: int, cfg: Config, policy, rollouts, scoring: bool, di
     forwards, ref = [], []
     for index in chunks(order, cfg.micro_batch_size):
         part = rollouts.select(index)
-        if cfg.kl_beta > 0:
+        if cfg.kl_beta > 0:   # in the forward's own shape (the scoring's shares no prompt), as said above
             with torch.no_grad(), adapters_disabled(policy):
-                ref.append(token_logprobs(policy, part, cfg.temperature)[0])
+                ref.append(token_logprobs(policy, part, cfg.temperature, share_prompts=not scoring)[0])
         if scoring:
             forward = scoring_forward(policy, part, cfg.temperature)
             forward.index = index

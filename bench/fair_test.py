@@ -22,6 +22,12 @@ Everything below was fixed before any run of this script was looked at:
   measured          greedy exact match on all 500 test problems every 10 iterations, with the
                     unfaithful share of the correct answers (reasoning.py)
 
+The 60 runs ran with configs/tiny.toml's --micro-batch-size 64 and a forward per episode in
+the log-prob passes (the code of 2026-12-05); both change only how the sums are batched, not the
+math: today's recipe puts all 128 episodes in one micro-batch and lets the samples of a prompt
+share its forward, which changes the floats' rounding, so a rerun reproduces the runs within
+their spread rather than bit for bit.
+
 Added after the grid had started, before any of it was computed, because the claims ask for
 it: maj@8 of each finished run's final adapters and of the start model (FINAL_EVAL: evaluate.py
 on all 500 test problems, 8 samples at temperature 1, seed 0), written to final-eval.json in the
@@ -374,6 +380,15 @@ def claims(results: list[dict], start: dict) -> list[str]:
     return lines
 
 
+def plot_band(ax, xs: list, ys: list[list[float]], method: str, seeds: int) -> None:
+    """One method's line: at each x the mean over seeds of ys[x], with the band of its 95% interval."""
+    mean = [statistics.mean(y) for y in ys]
+    h = [half_width_95(y) if len(y) > 1 else 0.0 for y in ys]
+    line, = ax.plot(xs, mean, label=f"{METHODS[method][0]} ({seeds} seeds)", color=f"C{list(METHODS).index(method)}")
+    ax.fill_between(xs, [a - b for a, b in zip(mean, h)], [a + b for a, b in zip(mean, h)], color=line.get_color(),
+                    alpha=0.15)
+
+
 def write_figure(results: list[dict], path: Path) -> None:
     """Four panels: greedy em against iteration per method at noise 0 (mean over seeds with the
     band of the 95% interval); the AUC of each filter's scores for correct vs wrong and faithful
@@ -394,13 +409,7 @@ def write_figure(results: list[dict], path: Path) -> None:
                 continue
             n = min(map(len, rs)) // WINDOW
             ys = [[center(r[w * WINDOW:(w + 1) * WINDOW]) for r in rs] for w in range(n)]
-            xs = [w * WINDOW + (WINDOW + 1) / 2 for w in range(n)]
-            mean = [statistics.mean(y) for y in ys]
-            h = [half_width_95(y) if len(y) > 1 else 0.0 for y in ys]
-            line, = ax.plot(xs, mean, label=f"{METHODS[m][0]} ({len(rs)} seeds)",
-                            color=f"C{list(METHODS).index(m)}")
-            ax.fill_between(xs, [a - b for a, b in zip(mean, h)], [a + b for a, b in zip(mean, h)],
-                            color=line.get_color(), alpha=0.15)
+            plot_band(ax, [w * WINDOW + (WINDOW + 1) / 2 for w in range(n)], ys, m, len(rs))
         ax.legend(fontsize=8)
     kept_ax.set(xlabel="iteration", ylabel="kept fraction of the episodes",
                 title="intrinsic early stopping? kept fraction, noise 0")
@@ -411,12 +420,8 @@ def write_figure(results: list[dict], path: Path) -> None:
         if not rs:
             continue
         its = sorted(set.intersection(*(set(int(i) for i in r["curve"]) for r in rs)))
-        ys = [[r["curve"][i] if i in r["curve"] else r["curve"][str(i)] for r in rs] for i in its]
-        mean = [statistics.mean(y) for y in ys]
-        h = [half_width_95(y) if len(y) > 1 else 0.0 for y in ys]
-        line, = curves.plot(its, mean, label=f"{METHODS[m][0]} ({len(rs)} seeds)", color=f"C{list(METHODS).index(m)}")
-        curves.fill_between(its, [a - b for a, b in zip(mean, h)], [a + b for a, b in zip(mean, h)],
-                            color=line.get_color(), alpha=0.15)
+        plot_band(curves, its, [[r["curve"][i] if i in r["curve"] else r["curve"][str(i)] for r in rs] for i in its],
+                  m, len(rs))
     curves.set(xlabel="iteration", ylabel="greedy exact match, 500 test problems", title="learning, reward noise 0")
     curves.legend(fontsize=8)
     filters = [m for m in ("ippo", "ippo-binary", "random-filter", "dtv") if any(r["signal"] for r in results
@@ -556,7 +561,8 @@ def write_report(out: Path, path: Path) -> None:
     if results:
         write_figure(results, path.with_name("fair-test.png"))
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    path.with_name("fair-test-results.json").write_text(json.dumps(results, indent=1))
+    # One run a line: the per-iteration curves would otherwise take a line per number.
+    path.with_name("fair-test-results.json").write_text("[\n" + ",\n".join(json.dumps(r) for r in results) + "\n]\n")
     path.with_name("fair-test-tuned.json").write_text(json.dumps({m: t["lr"] for m, t in lrs.items()}, indent=1))
     print(f"[fair-test] wrote {path} ({len(done)} runs)", file=sys.stderr)
 

@@ -3,6 +3,7 @@ critic's episodes (--critic-episodes), what the value loss trains (--critic-grad
 of optimizer steps, one temperature for g_i and g_val; and DTV's validation-free reference
 (--reference batch | batch-loo) against its per-episode oracle."""
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,6 +46,22 @@ def test_batch_reference_scores_equal_the_per_episode_oracle(buffer, loo, micro)
     torch.testing.assert_close(onepass.double(), expected, rtol=1e-4, atol=1e-6 * scale)
     if not loo:   # the mean direction: every episode's score averages to |mean g|^2 > 0
         assert expected.mean().item() == pytest.approx(grads.mean(0).square().sum().item(), rel=1e-6)
+
+
+def test_two_pass_batch_reference_of_the_gsm8k_probe_equals_the_oracle(buffer, monkeypatch):
+    """bench/filter_signal.py scores the 270M's batch reference in two passes (the mean gradient,
+    then the one-pass contraction with it) so that no episode's forward is kept alive."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    import filter_signal
+    from influence import onepass_scores
+    policy, _, rollouts, advantages = buffer
+    grads = episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE).double()
+    mean_g = filter_signal.mean_episode_gradient(policy, rollouts, advantages, clip_eps=0.2,
+                                                 temperature=TEMPERATURE, batch_size=4)
+    torch.testing.assert_close(mean_g.double(), grads.mean(0), rtol=1e-4, atol=1e-7)
+    two_pass = onepass_scores(policy, rollouts, advantages, mean_g, clip_eps=0.2, temperature=TEMPERATURE, batch_size=4)
+    expected = grads @ grads.mean(0)
+    torch.testing.assert_close(two_pass.double(), expected, rtol=1e-4, atol=1e-6 * expected.abs().max().item())
 
 
 def test_dtv_filter_keeps_nonnegative_scores_at_weight_one():
@@ -105,6 +122,21 @@ def test_every_filter_takes_the_same_optimizer_steps(buffer, n_kept):
     keep = torch.arange(6) < n_kept
     _, metrics = update(buffer, cfg, keep, torch.zeros_like(buffer[2].response_mask))
     assert metrics["optimizer_steps"] == 2 * math.ceil(6 / 2)
+
+
+def test_a_minibatch_keeps_the_samples_of_a_prompt_together():
+    """32 prompts x 4 samples, minibatches of 64 in micro-batches of 16: every minibatch is a
+    random draw, listed in buffer order, so a prompt's samples that were drawn together sit
+    in one micro-batch (and share their prompt's forward) instead of being scattered."""
+    cfg = Config(minibatch_size=64, micro_batch_size=16, ppo_epochs=2)
+    every = torch.ones(128, dtype=torch.bool)
+    steps = train.minibatch_plan(3, cfg, every, every)
+    assert len(steps) == 4
+    for _, _, _, mb in steps:
+        assert torch.equal(mb, mb.sort().values)
+        prompts_per_micro = [len(torch.unique(micro // 4)) for micro in train.chunks(mb, cfg.micro_batch_size)]
+        assert sum(prompts_per_micro) <= 64 - 16       # scattered at random they would fill about 60
+    assert sorted(torch.cat([mb for *_, mb in steps[:2]]).tolist()) == list(range(128))
 
 
 def test_g_val_is_taken_at_the_sampling_temperature(buffer, monkeypatch):

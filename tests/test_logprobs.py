@@ -34,3 +34,43 @@ def test_lean_logprobs_equal_plain_and_so_do_gradients(tiny_dir, monkeypatch, ch
     for plain, lean in zip(out[False], out[True]):
         torch.testing.assert_close(lean, plain, rtol=1e-5, atol=1e-5)
     assert (out[True][0][seqs.response_mask == 0] == 0).all()
+
+
+@pytest.mark.parametrize("window", [64, 6])
+def test_samples_of_one_prompt_share_its_forward_with_the_same_numbers_and_gradients(tmp_path, window):
+    """Policy.response_hidden_states with share_prompts: the prompts' forward once, their keys and
+    values copied to each sample. Prompts of different lengths (left padding), responses of
+    different lengths (right padding), repeated and single prompts, rows not grouped by prompt; a
+    sliding window shorter than the sequences (window 6) as well as one longer."""
+    from transformers import Gemma3ForCausalLM
+
+    from tiny_world import char_tokenizer, gemma3_config
+    tok = char_tokenizer()
+    config = gemma3_config(tok, "test")
+    config.sliding_window, config.layer_types = window, ["sliding_attention", "full_attention"]
+    torch.manual_seed(0)
+    Gemma3ForCausalLM(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    policy, tok = load_policy(str(tmp_path), quiet=True)
+    policy.value_through_adapters = True          # so the values' gradient reaches the adapters too
+    with torch.no_grad():
+        for p in [*lora_parameters(policy), *policy.value_head.parameters()]:
+            p.normal_(0, 0.3)
+    prompts = ["Q: 2+2?", "Question: what is 10 - 3?", "Q: 2+2?", "Hi", "Question: what is 10 - 3?", "Q: 2+2?"]
+    responses = ["#### 4", "10 - 3 = 7\n#### 7", "2 + 2 = 4 #### 4", "a longer answer, with words: #### 5", "7", "4"]
+    seqs = encode_pairs(tok, prompts, responses)
+    out, used = {}, {}
+    for share in (False, True):
+        counter = [0]
+        hook = policy.lm.get_decoder().register_forward_pre_hook(
+            lambda module, args, kwargs: counter.__setitem__(0, counter[0] + len(kwargs["input_ids"])), with_kwargs=True)
+        lp, values, ent = token_logprobs(policy, seqs, temperature=0.7, with_entropy=True, share_prompts=share)
+        hook.remove()
+        used[share] = counter[0]
+        loss = (lp * torch.linspace(-1, 1, lp.shape[1])).sum() + 0.3 * ent.sum() + values.square().sum()
+        grads = torch.autograd.grad(loss, [*lora_parameters(policy), *policy.value_head.parameters()])
+        out[share] = [lp, ent, values, torch.cat([g.reshape(-1) for g in grads])]
+    assert used == {False: 6, True: 3 + 6}        # one row per prompt forward: 3 distinct prompts, then 6 responses
+    assert out[True][-1].abs().max() > 0
+    for plain, shared in zip(out[False], out[True]):
+        torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-5)
