@@ -73,6 +73,8 @@ RECIPE = "configs/tiny.toml"
 # Every run shares pi_old's forward with the scoring or the update (the default of the code when
 # the grid started); the same numbers as --passes separate up to float rounding (tests/test_passes.py).
 PASSES = ["--passes", "shared"]
+# The design's validation set: 32 solutions, the recipe's when the grid ran (256 today).
+VAL_SIZE = ["--val-size", "32"]
 ITERATIONS = 150
 SEEDS = [0, 1, 2, 3, 4]
 NOISE = [0.0, 0.2]
@@ -97,7 +99,7 @@ FINAL_EVAL = ["--dataset", "arith", "--arith-terms", "3", "--metrics", "em,maj@8
 def tune_jobs(out: Path) -> list[dict]:
     return [{"name": f"{m}-lr{lr:g}", "method": m, "lr": lr, "iterations": TUNE_ITERATIONS,
              "run_dir": out / "tune" / f"{m}-lr{lr:g}",
-             "argv": [RECIPE, *METHODS[m][1], *PASSES, "--lr", f"{lr:g}", "--seed", str(TUNE_SEED), "--eval-split", "dev",
+             "argv": [RECIPE, *METHODS[m][1], *PASSES, *VAL_SIZE, "--lr", f"{lr:g}", "--seed", str(TUNE_SEED), "--eval-split", "dev",
                       "--eval-limit", "400", "--eval-every", "25", "--no-plots", "--no-progress"]}
             for m in METHODS for lr in LR_GRID]
 
@@ -129,7 +131,7 @@ def grid_jobs(out: Path, lrs: dict[str, dict]) -> list[dict]:
             continue
         jobs.append({"name": f"{m}-noise{noise:g}-seed{seed}", "method": m, "seed": seed, "noise": noise,
                      "iterations": ITERATIONS, "run_dir": out / "grid" / f"{m}-noise{noise:g}-seed{seed}",
-                     "argv": [RECIPE, *METHODS[m][1], *PASSES, "--lr", f"{lrs[m]['lr']:g}", "--seed", str(seed),
+                     "argv": [RECIPE, *METHODS[m][1], *PASSES, *VAL_SIZE, "--lr", f"{lrs[m]['lr']:g}", "--seed", str(seed),
                               "--reward-noise", f"{noise:g}", "--eval-every", "10", "--eval-limit", "500",
                               "--no-plots", "--no-progress"]})
     return jobs
@@ -197,7 +199,7 @@ def fit_of_solutions(path: Path, adapter: Path | None) -> dict:
         from influence import sft_nll
         from model import load_adapter, load_policy
         from rollout import encode_pairs
-        cfg = parse_config([str(ROOT / RECIPE)])
+        cfg = parse_config([str(ROOT / RECIPE), *VAL_SIZE])
         policy, tok = load_policy(cfg.model, lora_targets=cfg.targets(), lora_rank=cfg.lora_rank,
                                   lora_alpha=cfg.lora_alpha, quiet=True)
         if adapter:

@@ -19,11 +19,19 @@ Fixed before any run:
                 paired difference 256 - 32 over seeds, with its 95% t-interval. The default
                 becomes 256 if the interval lies above 0; otherwise it stays 32.
 
+Then, phase "test" (fixed before any of its runs, after the dev runs of seeds 0 and 1 had been
+seen): PPO and I-PPO, both at --val-size 256 (the validation rows are left out of training for
+every method, so PPO's prompts change with it), seeds TEST_SEEDS, the same settings,
+greedy exact match on all 500 test problems every 10 iterations with the unfaithful share of
+the correct answers. Reported: each run's start, final and mean accuracy over the evaluations,
+and I-PPO - PPO paired by seed with its 95% t-interval.
+
 Resumable (a finished run is kept, a started one continues); two runs at a time, one thread
 each, as the fair test.
 
-    HF_HUB_OFFLINE=1 python bench/val_size.py --out runs/val-size            # run, then report
-    HF_HUB_OFFLINE=1 python bench/val_size.py --out runs/val-size --report   # only the report
+    HF_HUB_OFFLINE=1 python bench/val_size.py --out runs/val-size                 # dev runs, then report
+    HF_HUB_OFFLINE=1 python bench/val_size.py --out runs/val-size --phase test    # the test-split runs
+    HF_HUB_OFFLINE=1 python bench/val_size.py --out runs/val-size --report        # only the report
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ SEEDS = [0, 1, 2]
 VAL_SIZES = [32, 256]
 LR = 1e-3
 SCORED = range(50, ITERATIONS + 1, 10)     # the evaluations the rule averages
+TEST_SEEDS = [0, 1, 2, 3, 4]
+TEST_METHODS = {"ppo": ["--influence", "off"], "ippo": ["--influence", "on"]}
 
 
 def jobs(out: Path) -> list[dict]:
@@ -52,6 +62,40 @@ def jobs(out: Path) -> list[dict]:
              "argv": [RECIPE, "--influence", "on", *PASSES, "--lr", f"{LR:g}", "--seed", str(s), "--val-size", str(v),
                       "--eval-split", "dev", "--eval-limit", "400", "--eval-every", "10", "--no-plots", "--no-progress"]}
             for s in SEEDS for v in VAL_SIZES]
+
+
+def test_jobs(out: Path) -> list[dict]:
+    return [{"name": f"test-{m}-val256-seed{s}", "method": m, "seed": s, "iterations": ITERATIONS,
+             "run_dir": out / "test" / f"{m}-val256-seed{s}",
+             "argv": [RECIPE, *flags, *PASSES, "--lr", f"{LR:g}", "--seed", str(s), "--val-size", "256",
+                      "--eval-every", "10", "--eval-limit", "500", "--no-plots", "--no-progress"]}
+            for s in TEST_SEEDS for m, flags in TEST_METHODS.items()]
+
+
+def test_report(out: Path) -> str:
+    runs = {}
+    for j in test_jobs(out):
+        if finished(j):
+            evals = [r for r in read_metrics(j["run_dir"]) if "eval_accuracy" in r]
+            runs[j["method"], j["seed"]] = {"start": evals[0]["eval_accuracy"], "final": evals[-1]["eval_accuracy"],
+                                            "mean": statistics.mean(r["eval_accuracy"] for r in evals[1:]),
+                                            "unfaithful": evals[-1].get("eval_unfaithful_of_correct")}
+    if not runs:
+        return ""
+    lines = ["Test split (500 problems), --val-size 256 for both methods:", "",
+             "| method | seed | em at 0 | final em | mean em over evaluations 10-150 | unfaithful share of correct, final |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {m} | {s} | {r['start']:.3f} | {r['final']:.3f} | {r['mean']:.3f} | {r['unfaithful']:.2f} |"
+              for (m, s), r in sorted(runs.items())]
+    seeds = [s for s in TEST_SEEDS if ("ppo", s) in runs and ("ippo", s) in runs]
+    lines.append("")
+    for key in ("final", "mean", "unfaithful"):
+        diffs = [runs["ippo", s][key] - runs["ppo", s][key] for s in seeds]
+        if diffs:
+            h = f" ± {half_width_95(diffs):.3f}" if len(diffs) > 1 else ""
+            lines.append(f"- I-PPO - PPO, {key}, paired by seed ({len(diffs)} seeds): "
+                         f"**{statistics.mean(diffs):+.3f}{h}** ({', '.join(f'{d:+.3f}' for d in diffs)})")
+    return "\n".join(lines) + "\n"
 
 
 def report(out: Path) -> str:
@@ -76,7 +120,7 @@ def report(out: Path) -> str:
             else f"{len(diffs)} of {len(SEEDS)} seeds done: no decision yet"
         lines.append(f"256 - 32, paired by seed ({', '.join(f'{d:+.3f}' for d in diffs)}): "
                      f"**{mean:+.3f} ± {h:.3f}** (95% t-interval): {verdict}.")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + test_report(out)
 
 
 def main() -> None:
@@ -84,10 +128,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/val-size"))
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--hours", type=float, default=24.0, help="start no run after this many hours")
+    parser.add_argument("--phase", choices=("dev", "test"), default="dev")
     parser.add_argument("--report", action="store_true", help="only write the report from the finished runs")
     args = parser.parse_args()
     if not args.report:
-        failed = run_all(jobs(args.out), args.parallel, time.time() + 3600 * args.hours)
+        todo = jobs(args.out) if args.phase == "dev" else test_jobs(args.out)
+        failed = run_all(todo, args.parallel, time.time() + 3600 * args.hours)
         if failed:
             print(f"[val-size] failed: {', '.join(failed)}", file=sys.stderr)
     text = report(args.out)
