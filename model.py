@@ -180,7 +180,7 @@ class Policy(nn.Module):
         that prompt's forward. Under causal attention a prompt's states do not depend on what
         follows it, so its keys and values are computed once, copied to each of its rows for
         the responses' forward, and the backward sums what the rows send back to it: the same
-        numbers and gradients as one forward per row (tests/test_rollout.py), with the prompt's
+        numbers and gradients as one forward per row (tests/test_logprobs.py), with the prompt's
         tokens computed once instead of once per sample. rollout.sample shares the prefill the
         same way. Where no two prompts are equal it is the one forward per row."""
         T = response_ids.shape[1]
