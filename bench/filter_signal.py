@@ -54,8 +54,7 @@ sys.path.insert(0, str(ROOT))
 import train  # noqa: E402
 from config import Config  # noqa: E402
 from data import load_task, make_prompt  # noqa: E402
-from influence import (detection_auc, onepass_scores,  # noqa: E402
-                       validation_gradient)
+from influence import _flat, detection_auc, onepass_scores, validation_gradient  # noqa: E402
 from model import load_adapter, load_policy, lora_parameters  # noqa: E402
 from ppo import policy_loss  # noqa: E402
 from reasoning import label as reasoning_label  # noqa: E402
@@ -203,7 +202,7 @@ def mean_episode_gradient(policy, rollouts: Rollouts, advantages: torch.Tensor, 
         logprobs, _, _ = token_logprobs(policy, part, temperature)
         loss = policy_loss(logprobs, part.old_logprobs, advantages[s:s + len(part)], part.response_mask, clip_eps).sum()
         grads = torch.autograd.grad(loss, params, allow_unused=True)
-        total += torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
+        total += _flat(grads, params)
     return total / len(rollouts)
 
 

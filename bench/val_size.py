@@ -114,12 +114,14 @@ def report(out: Path) -> str:
     seeds = [s for s in SEEDS if all((v, s) in score for v in VAL_SIZES)]
     if seeds:
         diffs = [score[256, s] - score[32, s] for s in seeds]
-        h = half_width_95(diffs) if len(diffs) > 1 else float("nan")
         mean = statistics.mean(diffs)
-        verdict = ("the default becomes 256" if mean - h > 0 else "the default stays 32") if len(diffs) == len(SEEDS) \
-            else f"{len(diffs)} of {len(SEEDS)} seeds done: no decision yet"
-        lines.append(f"256 - 32, paired by seed ({', '.join(f'{d:+.3f}' for d in diffs)}): "
-                     f"**{mean:+.3f} ± {h:.3f}** (95% t-interval): {verdict}.")
+        if len(diffs) == len(SEEDS):
+            h = half_width_95(diffs)
+            verdict = f" ± {h:.3f}** (95% t-interval): " + ("the default becomes 256" if mean - h > 0 else
+                                                            "the default stays 32")
+        else:
+            verdict = f"**: {len(diffs)} of {len(SEEDS)} seeds done, no decision yet"
+        lines.append(f"256 - 32, paired by seed ({', '.join(f'{d:+.3f}' for d in diffs)}): **{mean:+.3f}{verdict}.")
     return "\n".join(lines) + "\n\n" + test_report(out)
 
 

@@ -78,7 +78,8 @@ def main() -> None:
     v1_dir = model_source("tiny-arith-v1")                                   # builds it on first use
     baseline_recipe = list(RECIPE_V1)
     baseline_recipe[baseline_recipe.index("--model") + 1] = str(v1_dir)    # the same model, by its folder
-    prompts = {ARMS[0]: prompt_tokens(RECIPE_V1), ARMS[1]: prompt_tokens(RECIPE_V1), ARMS[2]: prompt_tokens(RECIPE)}
+    first = prompt_tokens(RECIPE_V1)
+    prompts = {ARMS[0]: first, ARMS[1]: first, ARMS[2]: prompt_tokens(RECIPE)}
     per_round = {name: [] for name in ARMS}
     with tempfile.TemporaryDirectory() as tmp:
         baseline = Path(tmp) / "baseline-code"
