@@ -27,7 +27,9 @@ the correct answers. Reported: each run's start, final and mean accuracy over th
 and I-PPO - PPO paired by seed with its 95% t-interval.
 
 Resumable (a finished run is kept, a started one continues); two runs at a time, one thread
-each, as the fair test.
+each, as the fair test. Each finished test-split run is summarised, with its curve and the
+machine it ran on, in docs/val-size-test.json (one run a line), so the figures outlive the run
+directories; the report is written from that file, grouped by machine.
 
     HF_HUB_OFFLINE=1 python bench/val_size.py --out runs/val-size                 # dev runs, then report
     HF_HUB_OFFLINE=1 python bench/val_size.py --out runs/val-size --phase test    # the test-split runs
@@ -37,6 +39,9 @@ each, as the fair test.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import statistics
 import sys
 import time
@@ -44,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fair_test import PASSES, RECIPE, read_metrics, run_all  # noqa: E402
+from fair_test import PASSES, RECIPE, ROOT, read_metrics, run_all  # noqa: E402
 from compare import finished, half_width_95  # noqa: E402
 
 ITERATIONS = 150
@@ -54,6 +59,7 @@ LR = 1e-3
 SCORED = range(50, ITERATIONS + 1, 10)     # the evaluations the rule averages
 TEST_SEEDS = [0, 1, 2, 3, 4]
 TEST_METHODS = {"ppo": ["--influence", "off"], "ippo": ["--influence", "on"]}
+RECORD = ROOT / "docs" / "val-size-test.json"
 
 
 def jobs(out: Path) -> list[dict]:
@@ -72,33 +78,67 @@ def test_jobs(out: Path) -> list[dict]:
             for s in TEST_SEEDS for m, flags in TEST_METHODS.items()]
 
 
-def test_report(out: Path) -> str:
-    runs = {}
+def machine() -> str:
+    """The CPU this process runs on, as /proc/cpuinfo names it, and its core count."""
+    try:
+        name = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        name = platform.processor() or platform.machine()
+    return f"{name}, {os.cpu_count()} cores"
+
+
+def summarize(job: dict, where: str) -> dict:
+    """One finished test-split run: start, final and mean greedy em, the final unfaithful share
+    of the correct answers, the whole curve, and the machine it ran on."""
+    evals = [r for r in read_metrics(job["run_dir"]) if "eval_accuracy" in r]
+    return {"method": job["method"], "seed": job["seed"], "machine": where,
+            "start": evals[0]["eval_accuracy"], "final": evals[-1]["eval_accuracy"],
+            "mean": statistics.mean(r["eval_accuracy"] for r in evals[1:]),
+            "unfaithful": evals[-1].get("eval_unfaithful_of_correct"),
+            "curve": {str(r["iteration"]): r["eval_accuracy"] for r in evals},
+            "unfaithful_curve": {str(r["iteration"]): r.get("eval_unfaithful_of_correct") for r in evals}}
+
+
+def read_record(path: Path) -> list[dict]:
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def update_record(out: Path, path: Path, where: str) -> list[dict]:
+    """Add the finished test-split runs under `out` to the record at `path`; a run already there
+    for the same method, seed and machine is replaced. Returns the record."""
+    record = {(r["method"], r["seed"], r["machine"]): r for r in read_record(path)}
     for j in test_jobs(out):
         if finished(j):
-            evals = [r for r in read_metrics(j["run_dir"]) if "eval_accuracy" in r]
-            runs[j["method"], j["seed"]] = {"start": evals[0]["eval_accuracy"], "final": evals[-1]["eval_accuracy"],
-                                            "mean": statistics.mean(r["eval_accuracy"] for r in evals[1:]),
-                                            "unfaithful": evals[-1].get("eval_unfaithful_of_correct")}
-    if not runs:
-        return ""
-    lines = ["Test split (500 problems), --val-size 256 for both methods:", "",
-             "| method | seed | em at 0 | final em | mean em over evaluations 10-150 | unfaithful share of correct, final |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {m} | {s} | {r['start']:.3f} | {r['final']:.3f} | {r['mean']:.3f} | {r['unfaithful']:.2f} |"
-              for (m, s), r in sorted(runs.items())]
-    seeds = [s for s in TEST_SEEDS if ("ppo", s) in runs and ("ippo", s) in runs]
-    lines.append("")
-    for key in ("final", "mean", "unfaithful"):
-        diffs = [runs["ippo", s][key] - runs["ppo", s][key] for s in seeds]
-        if diffs:
-            h = f" ± {half_width_95(diffs):.3f}" if len(diffs) > 1 else ""
-            lines.append(f"- I-PPO - PPO, {key}, paired by seed ({len(diffs)} seeds): "
-                         f"**{statistics.mean(diffs):+.3f}{h}** ({', '.join(f'{d:+.3f}' for d in diffs)})")
-    return "\n".join(lines) + "\n"
+            record[j["method"], j["seed"], where] = summarize(j, where)
+    runs = sorted(record.values(), key=lambda r: (r["machine"], r["method"], r["seed"]))
+    # One run a line: the curves would otherwise take a line per number.
+    path.write_text("[\n" + ",\n".join(json.dumps(r) for r in runs) + "\n]\n")
+    return runs
 
 
-def report(out: Path) -> str:
+def test_report(runs: list[dict]) -> str:
+    """The test-split table and I-PPO - PPO paired by seed, one section per machine."""
+    lines = []
+    for where in sorted({r["machine"] for r in runs}):
+        mine = {(r["method"], r["seed"]): r for r in runs if r["machine"] == where}
+        lines += [f"Test split (500 problems), --val-size 256 for both methods, on {where}:", "",
+                  "| method | seed | em at 0 | final em | mean em over evaluations 10-150 | unfaithful share of correct, final |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {m} | {s} | {r['start']:.3f} | {r['final']:.3f} | {r['mean']:.3f} | {r['unfaithful']:.2f} |"
+                  for (m, s), r in sorted(mine.items())]
+        seeds = [s for s in TEST_SEEDS if ("ppo", s) in mine and ("ippo", s) in mine]
+        lines.append("")
+        for key in ("final", "mean", "unfaithful"):
+            diffs = [mine["ippo", s][key] - mine["ppo", s][key] for s in seeds]
+            if diffs:
+                h = f" ± {half_width_95(diffs):.3f}" if len(diffs) > 1 else ""
+                lines.append(f"- I-PPO - PPO, {key}, paired by seed ({len(diffs)} seeds): "
+                             f"**{statistics.mean(diffs):+.3f}{h}** ({', '.join(f'{d:+.3f}' for d in diffs)})")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def report(out: Path, record: list[dict]) -> str:
     rows, score = [], {}
     for j in jobs(out):
         if not finished(j):
@@ -109,6 +149,8 @@ def report(out: Path) -> str:
         score[j["val_size"], j["seed"]] = statistics.mean(dev[i] for i in SCORED)
         rows.append(f"| {j['val_size']} | {j['seed']} | {dev[0]:.3f} | {dev[ITERATIONS]:.3f} | "
                     f"{score[j['val_size'], j['seed']]:.3f} | {statistics.mean(kept):.2f} |")
+    if not rows:        # no dev run here: the test-split section alone
+        return test_report(record)
     lines = ["| --val-size | seed | dev em at 0 | dev em at 150 | mean dev em, iterations 50-150 | mean kept fraction |",
              "|---|---|---|---|---|---|", *rows, ""]
     seeds = [s for s in SEEDS if all((v, s) in score for v in VAL_SIZES)]
@@ -122,7 +164,7 @@ def report(out: Path) -> str:
         else:
             verdict = f"**: {len(diffs)} of {len(SEEDS)} seeds done, no decision yet"
         lines.append(f"256 - 32, paired by seed ({', '.join(f'{d:+.3f}' for d in diffs)}): **{mean:+.3f}{verdict}.")
-    return "\n".join(lines) + "\n\n" + test_report(out)
+    return "\n".join(lines) + "\n\n" + test_report(record)
 
 
 def main() -> None:
@@ -132,13 +174,15 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=24.0, help="start no run after this many hours")
     parser.add_argument("--phase", choices=("dev", "test"), default="dev")
     parser.add_argument("--report", action="store_true", help="only write the report from the finished runs")
+    parser.add_argument("--record", type=Path, default=RECORD, help="the test-split runs' summaries (JSON)")
     args = parser.parse_args()
     if not args.report:
         todo = jobs(args.out) if args.phase == "dev" else test_jobs(args.out)
         failed = run_all(todo, args.parallel, time.time() + 3600 * args.hours)
         if failed:
             print(f"[val-size] failed: {', '.join(failed)}", file=sys.stderr)
-    text = report(args.out)
+    record = update_record(args.out, args.record, machine())
+    text = report(args.out, record)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.md").write_text(text)

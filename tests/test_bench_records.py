@@ -1,0 +1,50 @@
+"""The benchmark records that outlive their run directories: bench/val_size.py keeps each
+finished test-split run in a JSON record, by method, seed and machine, and pairs I-PPO with PPO
+by seed only within one machine."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import val_size  # noqa: E402
+
+
+def fake_run(out: Path, method: str, seed: int, curve: dict[int, float], unfaithful: float) -> None:
+    run_dir = out / "test" / f"{method}-val256-seed{seed}"
+    run_dir.mkdir(parents=True)
+    rows = [{"iteration": i} for i in range(val_size.ITERATIONS + 1)]
+    for i, acc in curve.items():
+        rows[i].update(eval_accuracy=acc, eval_unfaithful_of_correct=unfaithful)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_the_record_keeps_runs_by_machine_and_pairs_within_one(tmp_path):
+    out, record = tmp_path / "out", tmp_path / "record.json"
+    end = val_size.ITERATIONS
+    fake_run(out, "ppo", 0, {0: 0.2, 10: 0.3, end: 0.4}, 0.5)
+    fake_run(out, "ippo", 0, {0: 0.2, 10: 0.4, end: 0.5}, 0.1)
+    fake_run(out, "ppo", 1, {0: 0.2, 10: 0.3, end: 0.45}, 0.6)
+    (out / "test" / "ippo-val256-seed1").mkdir()           # started, not finished: not recorded
+    runs = val_size.update_record(out, record, "machine A")
+    assert [(r["method"], r["seed"]) for r in runs] == [("ippo", 0), ("ppo", 0), ("ppo", 1)]
+    ippo = runs[0]
+    assert (ippo["start"], ippo["final"], ippo["unfaithful"]) == (0.2, 0.5, 0.1)
+    assert ippo["mean"] == pytest.approx(0.45) and ippo["curve"] == {"0": 0.2, "10": 0.4, str(end): 0.5}
+    # The same runs seen again from another machine are kept beside the first, not over them.
+    runs = val_size.update_record(out, record, "machine B")
+    assert len(runs) == 6 and json.loads(record.read_text()) == runs
+    assert len(val_size.update_record(out, record, "machine B")) == 6      # replaced, not added
+    text = val_size.test_report(runs)
+    assert text.count("on machine A:") == 1 and text.count("on machine B:") == 1
+    # Seed 0 is the only pair; seed 1 has no I-PPO run, so it is not in the difference.
+    assert "I-PPO - PPO, final, paired by seed (1 seeds): **+0.100** (+0.100)" in text
+    assert "I-PPO - PPO, unfaithful, paired by seed (1 seeds): **-0.400** (-0.400)" in text
+
+
+def test_pairs_across_machines_are_never_made(tmp_path):
+    a = {"start": 0.2, "final": 0.4, "mean": 0.3, "unfaithful": 0.5}
+    runs = [{"method": "ppo", "seed": 0, "machine": "A", **a}, {"method": "ippo", "seed": 0, "machine": "B", **a}]
+    assert "paired" not in val_size.test_report(runs)
