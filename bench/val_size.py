@@ -90,13 +90,49 @@ def machine() -> str:
 def summarize(job: dict, where: str) -> dict:
     """One finished test-split run: start, final and mean greedy em, the final unfaithful share
     of the correct answers, the whole curve, and the machine it ran on."""
-    evals = [r for r in read_metrics(job["run_dir"]) if "eval_accuracy" in r]
+    metrics = read_metrics(job["run_dir"])
+    evals = [r for r in metrics if "eval_accuracy" in r]
+    best = max(evals, key=lambda r: r["eval_accuracy"])
+    train_s = sum(v for r in metrics for k, v in r.get("seconds", {}).items() if k != "eval")
+    kept = [r["kept_fraction"] for r in metrics if "kept_fraction" in r]
     return {"method": job["method"], "seed": job["seed"], "machine": where,
             "start": evals[0]["eval_accuracy"], "final": evals[-1]["eval_accuracy"],
+            "best": best["eval_accuracy"], "best_iteration": best["iteration"], "train_minutes": train_s / 60,
+            "kept_fraction": statistics.mean(kept) if kept else None,
             "mean": statistics.mean(r["eval_accuracy"] for r in evals[1:]),
             "unfaithful": evals[-1].get("eval_unfaithful_of_correct"),
             "curve": {str(r["iteration"]): r["eval_accuracy"] for r in evals},
             "unfaithful_curve": {str(r["iteration"]): r.get("eval_unfaithful_of_correct") for r in evals}}
+
+
+def figure(runs: list[dict], path: Path) -> None:
+    """Greedy em and the unfaithful share of the correct answers against iteration, PPO and
+    I-PPO, one thin line per seed and their mean, for the runs that kept their curves."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = [r for r in runs if r.get("curve")]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for method, colour, name in (("ppo", "tab:blue", "PPO"), ("ippo", "tab:red", "I-PPO")):
+        mine = [r for r in runs if r["method"] == method]
+        for ax, key in zip(axes, ("curve", "unfaithful_curve")):
+            its = sorted(set.intersection(*(set(map(int, r[key])) for r in mine))) if mine else []
+            for r in mine:
+                ax.plot(its, [r[key][str(i)] for i in its], color=colour, alpha=0.25, lw=0.8)
+            if its:
+                ax.plot(its, [statistics.mean(r[key][str(i)] for r in mine) for i in its], color=colour, lw=2,
+                        label=f"{name}, mean of {len(mine)} seeds")
+    axes[0].set(xlabel="iteration", ylabel="greedy exact match, 500 test problems")
+    axes[1].set(xlabel="iteration", ylabel="unfaithful share of the correct greedy answers")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    machines = sorted({r["machine"] for r in runs})
+    fig.suptitle(f"tiny world, configs/tiny.toml (--val-size 256), thin: one seed; {'; '.join(machines)}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def read_record(path: Path) -> list[dict]:
@@ -116,15 +152,22 @@ def update_record(out: Path, path: Path, where: str) -> list[dict]:
     return runs
 
 
+def cell(run: dict, key: str, form: str, missing: str = "n/a") -> str:
+    return form.format(run[key]) if run.get(key) is not None else missing
+
+
 def test_report(runs: list[dict]) -> str:
     """The test-split table and I-PPO - PPO paired by seed, one section per machine."""
     lines = []
     for where in sorted({r["machine"] for r in runs}):
         mine = {(r["method"], r["seed"]): r for r in runs if r["machine"] == where}
         lines += [f"Test split (500 problems), --val-size 256 for both methods, on {where}:", "",
-                  "| method | seed | em at 0 | final em | mean em over evaluations 10-150 | unfaithful share of correct, final |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {m} | {s} | {r['start']:.3f} | {r['final']:.3f} | {r['mean']:.3f} | {r['unfaithful']:.2f} |"
+                  "| method | seed | em at 0 | best em (iteration) | final em | change | mean em over evaluations 10-150 "
+                  "| unfaithful share of correct, final | mean kept fraction | training min |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {m} | {s} | {r['start']:.3f} | {cell(r, 'best', '{:.3f}')}{cell(r, 'best_iteration', ' ({})', '')} "
+                  f"| {r['final']:.3f} | {100 * (r['final'] - r['start']):+.1f} pt | {r['mean']:.3f} | {r['unfaithful']:.2f} "
+                  f"| {cell(r, 'kept_fraction', '{:.2f}')} | {cell(r, 'train_minutes', '{:.1f}')} |"
                   for (m, s), r in sorted(mine.items())]
         seeds = [s for s in TEST_SEEDS if ("ppo", s) in mine and ("ippo", s) in mine]
         lines.append("")
@@ -175,6 +218,7 @@ def main() -> None:
     parser.add_argument("--phase", choices=("dev", "test"), default="dev")
     parser.add_argument("--report", action="store_true", help="only write the report from the finished runs")
     parser.add_argument("--record", type=Path, default=RECORD, help="the test-split runs' summaries (JSON)")
+    parser.add_argument("--figure", type=Path, help="also draw the test-split curves into this PNG")
     args = parser.parse_args()
     if not args.report:
         todo = jobs(args.out) if args.phase == "dev" else test_jobs(args.out)
@@ -183,6 +227,8 @@ def main() -> None:
             print(f"[val-size] failed: {', '.join(failed)}", file=sys.stderr)
     record = update_record(args.out, args.record, machine())
     text = report(args.out, record)
+    if args.figure:
+        figure(record, args.figure)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.md").write_text(text)

@@ -15,7 +15,8 @@ import val_size  # noqa: E402
 def fake_run(out: Path, method: str, seed: int, curve: dict[int, float], unfaithful: float) -> None:
     run_dir = out / "test" / f"{method}-val256-seed{seed}"
     run_dir.mkdir(parents=True)
-    rows = [{"iteration": i} for i in range(val_size.ITERATIONS + 1)]
+    rows = [{"iteration": i, "kept_fraction": 0.5, "seconds": {"rollout": 0.5, "update": 1.0, "eval": 9.0}}
+            for i in range(val_size.ITERATIONS + 1)]
     for i, acc in curve.items():
         rows[i].update(eval_accuracy=acc, eval_unfaithful_of_correct=unfaithful)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -33,6 +34,8 @@ def test_the_record_keeps_runs_by_machine_and_pairs_within_one(tmp_path):
     ippo = runs[0]
     assert (ippo["start"], ippo["final"], ippo["unfaithful"]) == (0.2, 0.5, 0.1)
     assert ippo["mean"] == pytest.approx(0.45) and ippo["curve"] == {"0": 0.2, "10": 0.4, str(end): 0.5}
+    assert (ippo["best"], ippo["best_iteration"], ippo["kept_fraction"]) == (0.5, end, 0.5)
+    assert ippo["train_minutes"] == pytest.approx((end + 1) * 1.5 / 60)     # evaluation time left out
     # The same runs seen again from another machine are kept beside the first, not over them.
     runs = val_size.update_record(out, record, "machine B")
     assert len(runs) == 6 and json.loads(record.read_text()) == runs
