@@ -156,6 +156,11 @@ def cell(run: dict, key: str, form: str, missing: str = "n/a") -> str:
     return form.format(run[key]) if run.get(key) is not None else missing
 
 
+def spread(values: list[float], form: str) -> str:
+    """'mean ± half-width of the 95% t-interval', each formatted with `form`."""
+    return f"{form.format(statistics.mean(values))} ± {form.format(half_width_95(values)).lstrip('+')}"
+
+
 def test_report(runs: list[dict]) -> str:
     """The test-split table and I-PPO - PPO paired by seed, one section per machine."""
     lines = []
@@ -169,8 +174,17 @@ def test_report(runs: list[dict]) -> str:
                   f"| {r['final']:.3f} | {100 * (r['final'] - r['start']):+.1f} pt | {r['mean']:.3f} | {r['unfaithful']:.2f} "
                   f"| {cell(r, 'kept_fraction', '{:.2f}')} | {cell(r, 'train_minutes', '{:.1f}')} |"
                   for (m, s), r in sorted(mine.items())]
-        seeds = [s for s in TEST_SEEDS if ("ppo", s) in mine and ("ippo", s) in mine]
         lines.append("")
+        for method in TEST_METHODS:
+            done = [r for (m, _), r in sorted(mine.items()) if m == method]
+            if len(done) > 1:
+                change = [100 * (r["final"] - r["start"]) for r in done]
+                cells = [f"final em {spread([r['final'] for r in done], '{:.3f}')}",
+                         f"change {spread(change, '{:+.1f}')} pt (smallest {min(change):+.1f})",
+                         f"mean em {spread([r['mean'] for r in done], '{:.3f}')}",
+                         f"unfaithful share {spread([r['unfaithful'] for r in done], '{:.2f}')}"]
+                lines.append(f"- {method}, {len(done)} seeds: " + "; ".join(cells))
+        seeds = [s for s in TEST_SEEDS if ("ppo", s) in mine and ("ippo", s) in mine]
         for key in ("final", "mean", "unfaithful"):
             diffs = [mine["ippo", s][key] - mine["ppo", s][key] for s in seeds]
             if diffs:

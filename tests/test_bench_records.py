@@ -45,6 +45,9 @@ def test_the_record_keeps_runs_by_machine_and_pairs_within_one(tmp_path):
     # Seed 0 is the only pair; seed 1 has no I-PPO run, so it is not in the difference.
     assert "I-PPO - PPO, final, paired by seed (1 seeds): **+0.100** (+0.100)" in text
     assert "I-PPO - PPO, unfaithful, paired by seed (1 seeds): **-0.400** (-0.400)" in text
+    # Each method's interval is over its own finished seeds (PPO: 2; I-PPO's single run gets none).
+    assert "- ppo, 2 seeds: final em 0.425 ± 0.318; change +22.5 ± 31.8 pt (smallest +20.0)" in text
+    assert "- ippo," not in text
 
 
 def test_pairs_across_machines_are_never_made(tmp_path):
