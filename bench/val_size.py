@@ -99,6 +99,9 @@ def summarize(job: dict, where: str) -> dict:
             "start": evals[0]["eval_accuracy"], "final": evals[-1]["eval_accuracy"],
             "best": best["eval_accuracy"], "best_iteration": best["iteration"], "train_minutes": train_s / 60,
             "kept_fraction": statistics.mean(kept) if kept else None,
+            # the paper's "intrinsic early stopping": does the kept share fall as training converges?
+            "kept_first10": statistics.mean(kept[:10]) if kept else None,
+            "kept_last10": statistics.mean(kept[-10:]) if kept else None,
             "mean": statistics.mean(r["eval_accuracy"] for r in evals[1:]),
             "unfaithful": evals[-1].get("eval_unfaithful_of_correct"),
             "curve": {str(r["iteration"]): r["eval_accuracy"] for r in evals},
@@ -183,6 +186,11 @@ def test_report(runs: list[dict]) -> str:
                          f"change {spread(change, '{:+.1f}')} pt (smallest {min(change):+.1f})",
                          f"mean em {spread([r['mean'] for r in done], '{:.3f}')}",
                          f"unfaithful share {spread([r['unfaithful'] for r in done], '{:.2f}')}"]
+                falls = [r for r in done if r.get("kept_first10") is not None and r["kept_first10"] < 1]
+                if len(falls) > 1:
+                    cells.append(f"kept fraction, first 10 iterations {spread([r['kept_first10'] for r in falls], '{:.2f}')}"
+                                 f" -> last 10 {spread([r['kept_last10'] for r in falls], '{:.2f}')}, change "
+                                 f"{spread([r['kept_last10'] - r['kept_first10'] for r in falls], '{:+.3f}')}")
                 lines.append(f"- {method}, {len(done)} seeds: " + "; ".join(cells))
         seeds = [s for s in TEST_SEEDS if ("ppo", s) in mine and ("ippo", s) in mine]
         for key in ("final", "mean", "unfaithful"):

@@ -48,6 +48,7 @@ def test_the_record_keeps_runs_by_machine_and_pairs_within_one(tmp_path):
     # Each method's interval is over its own finished seeds (PPO: 2; I-PPO's single run gets none).
     assert "- ppo, 2 seeds: final em 0.425 ± 0.318; change +22.5 ± 31.8 pt (smallest +20.0)" in text
     assert "- ippo," not in text
+    assert (ippo["kept_first10"], ippo["kept_last10"]) == (0.5, 0.5)
 
 
 def test_pairs_across_machines_are_never_made(tmp_path):
