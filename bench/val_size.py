@@ -24,7 +24,9 @@ seen): PPO and I-PPO, both at --val-size 256 (the validation rows are left out o
 every method, so PPO's prompts change with it), seeds TEST_SEEDS, the same settings,
 greedy exact match on all 500 test problems every 10 iterations with the unfaithful share of
 the correct answers. Reported: each run's start, final and mean accuracy over the evaluations,
-and I-PPO - PPO paired by seed with its 95% t-interval.
+and I-PPO - PPO paired by seed with its 95% t-interval. Added later, before any maj@8 of these
+runs was seen: maj@8 of each run's final adapters by the fair test's protocol (FINAL_EVAL), and
+the kept fraction of the first and last 10 iterations.
 
 Resumable (a finished run is kept, a started one continues); two runs at a time, one thread
 each, as the fair test. Each finished test-split run is summarised, with its curve and the
@@ -49,7 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fair_test import PASSES, RECIPE, ROOT, read_metrics, run_all  # noqa: E402
+from fair_test import PASSES, RECIPE, ROOT, final_eval, read_metrics, run_all  # noqa: E402
 from compare import finished, half_width_95  # noqa: E402
 
 ITERATIONS = 150
@@ -95,6 +97,10 @@ def summarize(job: dict, where: str) -> dict:
     best = max(evals, key=lambda r: r["eval_accuracy"])
     train_s = sum(v for r in metrics for k, v in r.get("seconds", {}).items() if k != "eval")
     kept = [r["kept_fraction"] for r in metrics if "kept_fraction" in r]
+    # maj@8 of the final adapters, by the fair test's protocol (evaluate.py, 8 samples at
+    # temperature 1, seed 0), where the run kept its last checkpoint
+    adapter = job["run_dir"] / "checkpoints" / f"iter_{ITERATIONS:06d}"
+    maj8 = final_eval(job["run_dir"] / "final-eval.json", adapter)["maj8"] if adapter.exists() else None
     return {"method": job["method"], "seed": job["seed"], "machine": where,
             "start": evals[0]["eval_accuracy"], "final": evals[-1]["eval_accuracy"],
             "best": best["eval_accuracy"], "best_iteration": best["iteration"], "train_minutes": train_s / 60,
@@ -103,7 +109,7 @@ def summarize(job: dict, where: str) -> dict:
             "kept_first10": statistics.mean(kept[:10]) if kept else None,
             "kept_last10": statistics.mean(kept[-10:]) if kept else None,
             "mean": statistics.mean(r["eval_accuracy"] for r in evals[1:]),
-            "unfaithful": evals[-1].get("eval_unfaithful_of_correct"),
+            "unfaithful": evals[-1].get("eval_unfaithful_of_correct"), "maj8": maj8,
             "curve": {str(r["iteration"]): r["eval_accuracy"] for r in evals},
             "unfaithful_curve": {str(r["iteration"]): r.get("eval_unfaithful_of_correct") for r in evals}}
 
@@ -171,11 +177,11 @@ def test_report(runs: list[dict]) -> str:
         mine = {(r["method"], r["seed"]): r for r in runs if r["machine"] == where}
         lines += [f"Test split (500 problems), --val-size 256 for both methods, on {where}:", "",
                   "| method | seed | em at 0 | best em (iteration) | final em | change | mean em over evaluations 10-150 "
-                  "| unfaithful share of correct, final | mean kept fraction | training min |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| unfaithful share of correct, final | final maj@8 | mean kept fraction | training min |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {m} | {s} | {r['start']:.3f} | {cell(r, 'best', '{:.3f}')}{cell(r, 'best_iteration', ' ({})', '')} "
                   f"| {r['final']:.3f} | {100 * (r['final'] - r['start']):+.1f} pt | {r['mean']:.3f} | {r['unfaithful']:.2f} "
-                  f"| {cell(r, 'kept_fraction', '{:.2f}')} | {cell(r, 'train_minutes', '{:.1f}')} |"
+                  f"| {cell(r, 'maj8', '{:.3f}')} | {cell(r, 'kept_fraction', '{:.2f}')} | {cell(r, 'train_minutes', '{:.1f}')} |"
                   for (m, s), r in sorted(mine.items())]
         lines.append("")
         for method in TEST_METHODS:
@@ -186,6 +192,8 @@ def test_report(runs: list[dict]) -> str:
                          f"change {spread(change, '{:+.1f}')} pt (smallest {min(change):+.1f})",
                          f"mean em {spread([r['mean'] for r in done], '{:.3f}')}",
                          f"unfaithful share {spread([r['unfaithful'] for r in done], '{:.2f}')}"]
+                if all(r.get("maj8") is not None for r in done):
+                    cells.append(f"maj@8 {spread([r['maj8'] for r in done], '{:.3f}')}")
                 falls = [r for r in done if r.get("kept_first10") is not None and r["kept_first10"] < 1]
                 if len(falls) > 1:
                     cells.append(f"kept fraction, first 10 iterations {spread([r['kept_first10'] for r in falls], '{:.2f}')}"
@@ -193,8 +201,9 @@ def test_report(runs: list[dict]) -> str:
                                  f"{spread([r['kept_last10'] - r['kept_first10'] for r in falls], '{:+.3f}')}")
                 lines.append(f"- {method}, {len(done)} seeds: " + "; ".join(cells))
         seeds = [s for s in TEST_SEEDS if ("ppo", s) in mine and ("ippo", s) in mine]
-        for key in ("final", "mean", "unfaithful"):
-            diffs = [mine["ippo", s][key] - mine["ppo", s][key] for s in seeds]
+        for key in ("final", "mean", "unfaithful", "maj8"):
+            diffs = [mine["ippo", s][key] - mine["ppo", s][key] for s in seeds
+                     if mine["ippo", s].get(key) is not None and mine["ppo", s].get(key) is not None]
             if diffs:
                 h = f" ± {half_width_95(diffs):.3f}" if len(diffs) > 1 else ""
                 lines.append(f"- I-PPO - PPO, {key}, paired by seed ({len(diffs)} seeds): "
