@@ -206,7 +206,7 @@ def test_report(runs: list[dict]) -> str:
                      if mine["ippo", s].get(key) is not None and mine["ppo", s].get(key) is not None]
             if diffs:
                 h = f" ± {half_width_95(diffs):.3f}" if len(diffs) > 1 else ""
-                lines.append(f"- I-PPO - PPO, {key}, paired by seed ({len(diffs)} seeds): "
+                lines.append(f"- I-PPO - PPO, {'maj@8' if key == 'maj8' else key}, paired by seed ({len(diffs)} seeds): "
                              f"**{statistics.mean(diffs):+.3f}{h}** ({', '.join(f'{d:+.3f}' for d in diffs)})")
         lines.append("")
     return "\n".join(lines)
