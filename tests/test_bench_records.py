@@ -55,3 +55,15 @@ def test_pairs_across_machines_are_never_made(tmp_path):
     a = {"start": 0.2, "final": 0.4, "mean": 0.3, "unfaithful": 0.5}
     runs = [{"method": "ppo", "seed": 0, "machine": "A", **a}, {"method": "ippo", "seed": 0, "machine": "B", **a}]
     assert "paired" not in val_size.test_report(runs)
+
+
+def test_the_fair_tests_table_of_every_run_has_one_row_per_run_in_order():
+    import fair_test
+    run = {"start": 0.244, "final": 0.4, "maj8": 0.3, "unfaithful": 0.25, "minutes": 6.0}
+    results = [{**run, "method": "ippo", "noise": 0.0, "seed": 1, "kept_curve": [0.4, 0.6]},
+               {**run, "method": "ppo", "noise": 0.2, "seed": 0, "kept_curve": [1.0]},
+               {**run, "method": "ppo", "noise": 0.0, "seed": 0, "kept_curve": [1.0]}]
+    rows = [line for line in fair_test.seed_table(results) if line.startswith("| ") and "---" not in line][1:]
+    assert rows == ["| PPO | 0 | 0 | 0.400 | +15.6 | 0.300 | 0.25 | 1.00 | 6.0 |",
+                    "| I-PPO | 0 | 1 | 0.400 | +15.6 | 0.300 | 0.25 | 0.50 | 6.0 |",
+                    "| PPO | 0.2 | 0 | 0.400 | +15.6 | 0.300 | 0.25 | 1.00 | 6.0 |"]
