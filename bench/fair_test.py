@@ -332,12 +332,13 @@ def verdict(diffs: list[float], better: int) -> str:
     return "not shown (the interval holds 0)"
 
 
-def seed_table(results: list[dict]) -> list[str]:
+def seed_table(results: list[dict], start: dict) -> list[str]:
     """Every run's own figures, one row per method, noise level and seed: what the tables of
     means are made of."""
     lines = ["", "## Every run", "",
              "Final greedy em, final maj@8, the unfaithful share of the correct greedy answers, the mean "
-             "kept fraction over the run and training minutes, per seed (the start: greedy em 0.244, maj@8 0.200).", "",
+             f"kept fraction over the run and training minutes, per seed (the start: greedy em {start['em']:.3f}, "
+             f"maj@8 {start['maj8']:.3f}).", "",
              "| method | noise | seed | final em | change (pt) | final maj@8 | unfaithful share | kept fraction | training min |",
              "|---|---|---|---|---|---|---|---|---|"]
     order = list(METHODS)
@@ -517,7 +518,7 @@ def write_report(out: Path, path: Path) -> None:
                          f"{cell([r['minutes'] for r in rs], 1)} |")
     if results:
         lines += claims(results, start)
-        lines += seed_table(results)
+        lines += seed_table(results, start)
         signal = [(r, third, s) for r in results if r["signal"] for third, s in r["signal"].items()]
         if signal:
             lines += ["", "## Where the filter has signal: the scores of the runs' own episodes", "",
