@@ -77,6 +77,17 @@ class Config:
     critic_grad: str = flag("head", "what the value loss trains: head (the value head alone) or adapters (also the "
                             "LoRA weights, through the hidden states the head reads)", choices=("head", "adapters"))
     init_adapter: str = flag("", "start from this checkpoint's LoRA adapters (e.g. an --algo sft run)")
+    # The controls of the filter. I-PPO's update, sum_{s_i > 0} s_i g_i = (sum_{s_i > 0} g_i g_i^T) g_val,
+    # is a preconditioned step down the validation SFT loss (influence.py): what does the filter
+    # add beyond its validation solutions? These train on those solutions directly.
+    sft_data: str = flag("train", "--algo sft: which reference solutions it trains on: train (the training rows) or "
+                         "val (the --val-size validation solutions behind g_val: the control for I-PPO)",
+                         choices=("train", "val"))
+    sft_coef: float = flag(0.0, "PPO plus an SFT term (PPO-ptx style): every optimizer step adds this times the mean "
+                           "NLL of --sft-batch-size validation solutions to the loss (0: off)")
+    rewhiten_kept: bool = flag(False, "I-PPO: after the filter, whiten the advantages again over the kept episodes' "
+                               "tokens, each episode weighted by w_i, so that the update's weighted mean advantage "
+                               "is 0, as PPO's is over the whole batch")
     # schedule and sampling
     iterations: int = flag(100, "training iterations (PPO: one rollout buffer each; SFT: one batch each)")
     prompts_per_iter: int = flag(16, "training questions per iteration")
@@ -97,7 +108,7 @@ class Config:
     # (5e-5) moves each of its weights by about 5e-5 a step. 1e-3 is what the tiny world's runs
     # used (README, "See PPO learn in minutes", where it made no measurable difference).
     value_lr: float = flag(1e-3, "AdamW learning rate for the value head")
-    max_grad_norm: float = flag(1.0, "gradient clipping (global L2 norm)")
+    max_grad_norm: float = flag(1.0, "gradient clipping (global L2 norm; 0: no clipping)")
     clip_eps: float = flag(0.2, "PPO ratio clip epsilon")
     # Our choice: no value clipping by default. With rewards in [0, 1] a clip of 0.2 lets V
     # move at most 0.2 towards a return per iteration, which holds back a fresh critic.
@@ -124,7 +135,7 @@ class Config:
     val_batch_size: int = flag(8, "validation examples per forward/backward for g_val")
     stop_below_kept: float = flag(0.0, "optional stop rule: end the run once the kept fraction falls below this (0 = off)")
     # SFT
-    sft_batch_size: int = flag(8, "--algo sft: reference solutions per optimizer step")
+    sft_batch_size: int = flag(8, "--algo sft, and the SFT term of --sft-coef: reference solutions per optimizer step")
     # LoRA
     lora_rank: int = flag(8, "LoRA rank r")
     lora_alpha: float = flag(16.0, "LoRA alpha (scale alpha / r)")
@@ -166,10 +177,10 @@ class Config:
                      "ppo_epochs", "minibatch_size", "micro_batch_size", "val_size", "val_batch_size",
                      "sft_batch_size", "lora_rank", "eval_limit", "eval_max_new_tokens", "keep_checkpoints"):
             need(getattr(self, name) > 0, name, "must be a positive integer")
-        for name in ("temperature", "lr", "value_lr", "clip_eps", "lora_alpha", "max_grad_norm"):
+        for name in ("temperature", "lr", "value_lr", "clip_eps", "lora_alpha"):
             need(getattr(self, name) > 0, name, "must be > 0")
         for name in ("vf_coef", "ent_coef", "kl_beta", "truncation_penalty", "eval_every", "value_clip_eps",
-                     "adv_std_floor"):
+                     "adv_std_floor", "max_grad_norm", "sft_coef"):
             need(getattr(self, name) >= 0, name, "must be >= 0")
         need(0 <= self.gamma <= 1, "gamma", "must be in [0, 1]")
         need(0 <= self.lam <= 1, "lam", "must be in [0, 1]")
@@ -186,6 +197,11 @@ class Config:
              "needs --influence on (it drops as many episodes as the scores would)")
         need(not (self.influence == "off" and not self.reweight), "reweight",
              "--no-reweight needs --influence on")
+        need(not (self.sft_coef > 0 and self.algo != "ppo"), "sft_coef", "is PPO's SFT term; --algo sft is SFT alone")
+        need(not (self.rewhiten_kept and (self.influence == "off" or self.advantage != "gae")), "rewhiten_kept",
+             "needs --influence on and --advantage gae (it whitens GAE's advantages over the kept episodes)")
+        need(not (self.eval_split == "val" and (self.sft_coef > 0 or (self.algo == "sft" and self.sft_data == "val"))),
+             "eval_split", "val evaluates on the validation solutions this run trains on; use --eval-split dev")
         need(not (self.eval_split == "val" and self.influence == "on" and self.algo == "ppo"), "eval_split",
              "val evaluates on the rows whose SFT gradient g_val steers I-PPO's filter (a leak); "
              "use --eval-split dev, held-out training rows that neither training nor g_val use")
@@ -209,6 +225,9 @@ def check_against_model(cfg: Config, model: ModelInfo) -> None:
 
 def check_against_world(cfg: Config, world: int) -> None:
     """Under torchrun every rank needs at least one prompt, validation row and SFT example."""
+    if cfg.sft_coef > 0 and world > 1:
+        raise SystemExit("--sft-coef: not implemented under torchrun (its batch of validation solutions is drawn "
+                         "in one process); run it in one process")
     for name in ("prompts_per_iter", "val_size", "sft_batch_size"):
         if getattr(cfg, name) < world:
             raise SystemExit(f"--{name.replace('_', '-')} {getattr(cfg, name)}: fewer than the {world} torchrun "
@@ -280,6 +299,9 @@ def refuse_inert_flags(cfg: Config, given: set[str]) -> None:
         inert += [("reweight", "--random-filter", "the random control keeps its episodes at weight 1")]
     elif cfg.reference != "validation":
         inert += [("reweight", f"--reference {cfg.reference}", "the batch references filter only, as DTV does")]
+    if cfg.algo != "sft":
+        inert += [("sft_data", "--algo ppo", "it picks --algo sft's data; --sft-coef always uses the validation "
+                   "solutions")]
     if cfg.influence_method == "loop":
         inert += [("passes", "--influence-method loop", "the per-episode loop always runs its own passes")]
     for name, other, why in inert:

@@ -85,26 +85,27 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float = 1
 
 
 def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, reduce_sum=None,
-           std_floor: float = 0.0) -> torch.Tensor:
+           std_floor: float = 0.0, weights: torch.Tensor | None = None) -> torch.Tensor:
     """(x - mean) / max(std, std_floor), with mean and (biased) variance over all masked tokens
     of all episodes together; zero outside the mask. (N, T) -> (N, T).
     `std_floor` keeps a batch with (almost) no spread, such as one whose rewards are all equal,
     from being blown up to unit variance: its advantages stay small instead of turning value
     noise into full-size steps. `reduce_sum`, if given, is applied to each sum (the token count
     included) before it is used: under torchrun it sums over ranks, so the statistics are those
-    of the whole batch."""
-    mean, var = batch_mean_var(x, mask, reduce_sum)
+    of the whole batch. `weights` (N,), if given, weights each episode's tokens in the mean and
+    the variance (train.py --rewhiten-kept: w_i over the kept episodes, 0 elsewhere)."""
+    mean, var = batch_mean_var(x, mask if weights is None else mask * weights[:, None], reduce_sum)
     std = torch.sqrt(var + eps).clamp(min=std_floor)
     return (x - mean) / std * mask
 
 
 def batch_mean_var(x: torch.Tensor, mask: torch.Tensor, reduce_sum=None):
-    """Mean and biased variance of x over all masked tokens of all episodes (scalars);
-    `reduce_sum` as in whiten."""
+    """Mean and biased variance of x over all masked tokens of all episodes (scalars), each
+    token weighted by its mask value (0 or 1, or a weight); `reduce_sum` as in whiten."""
     total = reduce_sum or (lambda t: t)
-    n = total(mask.sum()).clamp(min=1.0)
+    n = total(mask.sum()).clamp(min=1e-12)
     mean = total((x * mask).sum()) / n
-    return mean, total((((x - mean) * mask) ** 2).sum()) / n
+    return mean, total((mask * (x - mean) ** 2).sum()) / n
 
 
 def policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float) -> torch.Tensor:

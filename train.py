@@ -58,7 +58,7 @@ from rundir import (append_jsonl, commit_iteration, last_good_checkpoint_on_faul
                     pin_init_adapter, resolve_checkpoint, restore_run, unlock_run_dir, write_atomic)
 
 SINGLE = Dist()  # one process: every collective of distributed.py is the identity
-SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE = 1, 2, 3, 4, 5   # the purposes of derived_seed's draws
+SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE, SFT_ROWS = 1, 2, 3, 4, 5, 6   # the purposes of derived_seed's draws
 
 
 # ----------------------------------------------------------------------------- the algorithm
@@ -108,11 +108,14 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         buf.keep, buf.weights, influence = select_episodes(it, cfg, policy, buf, val_seqs, dist,
                                                             forwards if shared == "scoring" else None)
         n_kept = int(dist.sum(buf.keep.sum()))                                           # |D'| over all ranks
+        if cfg.rewhiten_kept and n_kept > 0:   # the kept set's w-weighted mean advantage back to 0
+            buf.advantages = whiten(buf.advantages, buf.rollouts.response_mask, reduce_sum=dist.sum,
+                                    std_floor=cfg.adv_std_floor, weights=buf.weights * buf.keep)
 
     with timer("update"):
         if n_kept > 0:
             update = ppo_update(it, cfg, policy, optimizer, buf, dist,
-                                first_forwards=forwards if shared == "update" else None)
+                                first_forwards=forwards if shared == "update" else None, sft_seqs=val_seqs)
         else:
             update = {"skipped": True}
 
@@ -234,7 +237,7 @@ def batch_scores(cfg: Config, policy, rollouts, advantages, dist: Dist = SINGLE,
 
 
 def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, dist: Dist = SINGLE,
-               first_forwards: list | None = None) -> dict:
+               first_forwards: list | None = None, sft_seqs=None) -> dict:
     """PPO epochs over the buffer (its rollouts, advantages, returns, keep and weights). Per
     optimizer step on a minibatch M:
         loss = (1/|M & D'|) sum_{i in M & D'} [ w_i L_clip_i - c_e H_i ]  +  c_v (1/|M & C|) sum_{i in M & C} L_V_i
@@ -248,7 +251,9 @@ def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, dist: Dist = SIN
     minibatch, and the gradients are summed over ranks before the step, so K ranks take the
     steps one process would.
     `first_forwards` (train.theta_old_forwards, --passes shared): the first step's forward over
-    every episode, already run at theta_old; only its backward is left."""
+    every episode, already run at theta_old; only its backward is left.
+    With --sft-coef c > 0 every step's loss also has c times the mean NLL of a batch of
+    `sft_seqs`, the validation solutions (sft_term): the PPO-plus-SFT control."""
     rollouts, advantages, returns, keep, weights = buf.rollouts, buf.advantages, buf.returns, buf.keep, buf.weights
     device = advantages.device
     critic = cfg.advantage == "gae" and cfg.vf_coef > 0
@@ -259,6 +264,7 @@ def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, dist: Dist = SIN
     params = [p for p in policy.parameters() if p.requires_grad]
     sums = {"policy_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "policy_visits": 0.0,
             "value_loss": 0.0, "value_visits": 0.0}
+    sft_losses, grad_norms = [], []
     # pi_theta / pi_old over the tokens of the first minibatch, before any step: 1 up to rounding
     # (anything else means the old log-probs are not those of the policy being updated).
     ratio_sum, ratio_count, ratio_max = 0.0, 0.0, 0.0
@@ -299,8 +305,10 @@ def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, dist: Dist = SIN
                 ratio = torch.exp(logprobs.detach() - part.old_logprobs)[part.response_mask.bool() & keep[micro, None]]
                 ratio_sum, ratio_count = ratio_sum + ratio.sum().item(), ratio_count + ratio.numel()
                 ratio_max = max(ratio_max, ratio.max().item() if ratio.numel() else 0.0)
+        if cfg.sft_coef > 0:
+            sft_losses.append(sft_term(it * len(steps) + step, cfg, policy, sft_seqs))
         dist.sum_grads(params)
-        clip_and_step(it, cfg, policy, optimizer)
+        grad_norms.append(clip_and_step(it, cfg, policy, optimizer))
     # Reported: unweighted means over every visit of a kept episode (the value loss: of an
     # episode in the value loss) in every epoch, all ranks.
     total = dict(zip(sums, dist.sum(torch.tensor(list(sums.values()), dtype=torch.float64, device=device)).tolist()))
@@ -311,7 +319,19 @@ def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, dist: Dist = SIN
     out = {k: v / max(policy_visits, 1.0) for k, v in total.items() if k != "value_loss"}
     return out | {"value_loss": total["value_loss"] / value_visits if value_visits else None,
                   "optimizer_steps": len(steps), "ratio_first_mean": ratio_sum / max(ratio_count, 1.0),
-                  "ratio_first_max": ratio_max}
+                  "ratio_first_max": ratio_max, "grad_norm_first": grad_norms[0],
+                  **({"sft_loss": sum(sft_losses) / len(sft_losses)} if sft_losses else {})}
+
+
+def sft_term(step: int, cfg: Config, policy, sft_seqs) -> float:
+    """--sft-coef c: backward of c x (sum of NLL over a batch of --sft-batch-size validation
+    solutions) / (their token count), at temperature 1 as in --algo sft; the batch is the
+    `step`-th of the run over a seeded shuffle of the solutions. Returns the mean NLL."""
+    rows = batch_indices(len(sft_seqs), step, cfg.sft_batch_size, cfg.seed, purpose=SFT_ROWS)
+    nll, n_tokens = sft_nll(policy, sft_seqs.select(rows))
+    loss = nll.sum() / n_tokens.sum()
+    (cfg.sft_coef * loss).backward()
+    return loss.item()
 
 
 def minibatch_plan(it: int, cfg: Config, keep: torch.Tensor, value_on: torch.Tensor, dist: Dist = SINGLE) -> list:
@@ -338,11 +358,14 @@ def minibatch_plan(it: int, cfg: Config, keep: torch.Tensor, value_on: torch.Ten
     return steps
 
 
-def clip_and_step(it: int, cfg: Config, policy, optimizer) -> None:
-    """Clip the global gradient norm and take the optimizer step, unless a gradient is NaN/inf."""
-    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in policy.parameters() if p.requires_grad], cfg.max_grad_norm)
+def clip_and_step(it: int, cfg: Config, policy, optimizer) -> float:
+    """Clip the global gradient norm to --max-grad-norm (0: no clip) and take the optimizer
+    step, unless a gradient is NaN/inf. Returns the norm before clipping."""
+    params = [p for p in policy.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
     require_finite(it, "update", gradient_norm=grad_norm)
     optimizer.step()
+    return grad_norm.item()
 
 
 # ----------------------------------------------------------------------------- --passes shared
@@ -417,7 +440,8 @@ def theta_old_forwards(it: int, cfg: Config, policy, rollouts, scoring: bool, di
 def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_examples, timer,
                   dist: Dist = SINGLE) -> tuple[dict, list]:
     """One SFT step: loss = (sum of NLL over the batch's reference tokens) / (their count),
-    with the batch (and the count) spread over the ranks under torchrun."""
+    with the batch (and the count) spread over the ranks under torchrun. `train_examples`: the
+    rows it trains on (main passes the validation rows under --sft-data val)."""
     examples = [train_examples[i] for i in batch_indices(len(train_examples), it, cfg.sft_batch_size, cfg.seed)]
     examples = examples[slice(*dist.share(len(examples)))]
     with timer("update"):
@@ -524,12 +548,12 @@ def planted_flips(cfg: Config, it: int, n: int, rank: int = 0) -> list[bool]:
     return (torch.rand(n, generator=noise) < cfg.reward_noise).tolist()
 
 
-def batch_indices(n_examples: int, iteration: int, batch: int, seed: int) -> list[int]:
+def batch_indices(n_examples: int, iteration: int, batch: int, seed: int, purpose: int = SHUFFLE) -> list[int]:
     """The training rows of an iteration: consecutive slices of a seeded permutation per epoch."""
     out = []
     for position in range(iteration * batch, (iteration + 1) * batch):
         epoch, offset = divmod(position, n_examples)
-        order = torch.randperm(n_examples, generator=torch.Generator().manual_seed(derived_seed(seed, epoch, SHUFFLE)))
+        order = torch.randperm(n_examples, generator=torch.Generator().manual_seed(derived_seed(seed, epoch, purpose)))
         out.append(int(order[offset]))
     return out
 
@@ -633,6 +657,8 @@ def log_line(it: int, cfg: Config, m: dict, seconds: dict) -> str:
             body += (f" pg {m['policy_loss']:+.4f} vf {vf} ent {m['entropy']:.3f} "
                      f"clip {m['clip_fraction']:.3f} akl {m['approx_kl']:.4f} ratio0 {m['ratio_first_max']:.3f} "
                      f"gap {m['sampler_gap_max']:.0e}")
+            if "sft_loss" in m:   # --sft-coef: the SFT term's mean NLL
+                body += f" sft {m['sft_loss']:.4f}"
         ev = m["explained_variance"]
         body += f" | adv {m['advantage_mean']:+.3f} ev " + ("n/a" if ev is None else f"{ev:+.2f}")
         if m.get("unfaithful_of_correct") is not None:   # arith: unfaithful share of the correct episodes
@@ -648,6 +674,8 @@ def log_line(it: int, cfg: Config, m: dict, seconds: dict) -> str:
         line += f" | eval acc {m['eval_accuracy']:.3f} ({m['eval_n']} problems)"
         if m.get("eval_unfaithful_of_correct") is not None:
             line += f" unf {m['eval_unfaithful_of_correct']:.2f}"
+        if m.get("eval_faithful_accuracy") is not None:
+            line += f" faithful acc {m['eval_faithful_accuracy']:.3f}"
     return line
 
 
@@ -668,8 +696,9 @@ def run_eval(cfg, policy, tokenizer, eval_examples, dist: Dist = SINGLE) -> dict
     accuracy = n_correct / max(n, 1)
     out = {"eval_accuracy": accuracy, "eval_stderr": math.sqrt(accuracy * (1 - accuracy) / max(n, 1)),
            "eval_n": int(n), "eval_unparsed": int(n_unparsed), "eval_truncated": int(n_truncated)}
-    if cfg.dataset == "arith":
+    if cfg.dataset == "arith":   # and the share of problems answered right with faithful reasoning
         out["eval_unfaithful_of_correct"] = n_unfaithful / n_correct if n_correct else None
+        out["eval_faithful_accuracy"] = (n_correct - n_unfaithful) / max(n, 1)
     return out
 
 
@@ -756,15 +785,16 @@ def main(argv=None) -> Path:
         m = run_eval(cfg, policy, tokenizer, eval_examples, dist)
         if dist.is_main:
             append_jsonl(run_dir / "metrics.jsonl", [{"iteration": 0, **m}])
-        unf = m.get("eval_unfaithful_of_correct")
+        unf, faithful = m.get("eval_unfaithful_of_correct"), m.get("eval_faithful_accuracy")
         say(f"[it   0/{cfg.iterations}] eval acc {m['eval_accuracy']:.3f} ({m['eval_n']} problems, before training)"
-            + ("" if unf is None else f" unf {unf:.2f}"))
+            + ("" if unf is None else f" unf {unf:.2f}") + ("" if faithful is None else f" faithful acc {faithful:.3f}"))
 
     with last_good_checkpoint_on_fault(run_dir):
         for it in range(start, cfg.iterations):
             timer = Timer()
             if cfg.algo == "sft":
-                metrics, episodes = sft_iteration(it, cfg, policy, tokenizer, optimizer, train_examples, timer, dist)
+                sft_examples = val_examples if cfg.sft_data == "val" else train_examples
+                metrics, episodes = sft_iteration(it, cfg, policy, tokenizer, optimizer, sft_examples, timer, dist)
             else:
                 metrics, episodes = ppo_iteration(it, cfg, policy, tokenizer, optimizer, train_examples, val_seqs,
                                                   timer, dist)
