@@ -22,10 +22,15 @@ With --parallel K, the runs and the evaluations go K processes at a time. Writte
                          half-width of its 95% t-interval over seeds; the paired difference to
                          PPO over the same seeds (em) with its interval; kept fraction; training
                          minutes; with reward noise the detection metrics (flip AUC, the share
-                         of flipped episodes among the dropped and the kept)
-    compare-noise<p>.png eval accuracy against iteration and against training minutes, kept
-                         fraction and seconds per iteration against iteration, flip AUC
+                         of flipped episodes among the dropped and the kept); on arith the final
+                         faithful accuracy beside em, in every table that has em
+    compare-noise<p>.png eval accuracy against iteration and against training minutes, eval
+                         faithful accuracy (arith) against iteration, kept fraction and seconds
+                         per iteration against iteration, flip AUC
     results.json         the numbers of every run;  runs/<method>-noise<p>-seed<s>/  the runs
+Faithful accuracy (arith only): the share of problems whose greedy answer is correct AND
+faithful (reasoning.py), em x (1 - the unfaithful share of the correct): accuracy without the
+right answers reached by a wrong step, which exact match rewards as much as a correct chain.
 An interrupted comparison continues where it stopped: a started run is resumed (train.py
 --resume), a finished one is left as it is, and a final evaluation already written
 (final_eval.json, final_sampled.json in the run directory; start/ for the model itself) is
@@ -55,6 +60,7 @@ from config import add_config_flags
 from data import load_task
 from evaluate import main as evaluate_main, metric_name, parse_metrics
 from model import model_source
+from report import faithful_accuracy
 
 ROOT = Path(__file__).resolve().parent
 # slug: (label, train.py flags). The SFT start is not a run of its own (see the docstring).
@@ -78,6 +84,7 @@ OWNED = ("--algo", "--influence", "--random-filter", "--no-random-filter", "--in
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
          11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
          20: 2.086, 25: 2.060, 30: 2.042}
+FAITHFUL = "faithful"   # a run's final faithful accuracy, in its "final" beside the metric names (arith)
 
 
 def parse_args(argv=None):
@@ -243,9 +250,25 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
 
 
+def final_faithful_accuracy(result: dict) -> float | None:
+    """The faithful accuracy of a final evaluation (evaluate.py's output): the share of problems
+    whose greedy answer is correct and faithful. None without greedy labels (not arith, or em not
+    asked). Files written before evaluate.py reported it give it from their label counts."""
+    greedy = result.get("reasoning", {}).get("greedy")
+    if greedy is None:
+        return None
+    if "faithful_accuracy" in greedy:
+        return greedy["faithful_accuracy"]
+    return greedy["faithful"] / (greedy["faithful"] + greedy["unfaithful"] + greedy["wrong"])
+
+
 def summarize_run(job: dict, eval_files: list[Path]) -> dict:
     """What the table and the plots need of one run (eval_files: its final evaluations)."""
-    final = {name: m["value"] for path in eval_files for name, m in json.loads(path.read_text())["metrics"].items()}
+    evals = [json.loads(path.read_text()) for path in eval_files]
+    final = {name: m["value"] for result in evals for name, m in result["metrics"].items()}
+    for result in evals:   # only the greedy evaluation has greedy labels
+        if final_faithful_accuracy(result) is not None:
+            final[FAITHFUL] = final_faithful_accuracy(result)
     rows = read_metrics(job["run_dir"]) if job["run_dir"] else []
     train_s, curve = 0.0, []            # (iteration, training minutes so far, eval accuracy)
     per_iteration = {}
@@ -258,10 +281,12 @@ def summarize_run(job: dict, eval_files: list[Path]) -> dict:
             curve.append((r["iteration"], train_s / 60, r["eval_accuracy"]))
     series = lambda key: {r["iteration"]: r[key] for r in rows if r.get(key) is not None}   # noqa: E731
     kept = series("kept_fraction")
+    faithful_curve = {r["iteration"]: faithful_accuracy(r) for r in rows if faithful_accuracy(r) is not None}
     return {"method": job["method"], "seed": job["seed"], "noise": job["noise"],
             "run_dir": str(job["run_dir"]) if job["run_dir"] else None,
             "final": final,
-            "train_minutes": train_s / 60, "curve": curve, "seconds": per_iteration,
+            "train_minutes": train_s / 60, "curve": curve, "faithful_curve": faithful_curve,
+            "seconds": per_iteration,
             "kept": kept, "kept_fraction": statistics.mean(kept.values()) if kept else None,
             "weight_ess": series("weight_ess"), "flip_auc": series("flip_auc"), "flipped_share_dropped": series("flipped_share_dropped"),
             "flipped_share_kept": series("flipped_share_kept")}
@@ -290,8 +315,31 @@ def label(method: str) -> str:
     return START if method == START else METHODS[method][0]
 
 
+# The final metrics compared between methods (paired differences, a table per run), by key of
+# a run's "final", with the words the tables print for them.
+PAIRED = {"em": "em", FAITHFUL: "faithful acc"}
+
+
+def paired_keys(args) -> list[str]:
+    """em, and on arith with em asked its faithful accuracy: an em lead made of right answers
+    reached by wrong steps shows as no lead in faithful accuracy."""
+    with_faithful = args.dataset == "arith" and any(name == "em" for name, _ in args.metric_list)
+    return ["em", FAITHFUL] if with_faithful else ["em"]
+
+
+def difference_to_ppo(runs: list[dict], results: list[dict], noise: float, key: str) -> str:
+    """The final `key` of each run minus PPO's of the same seed at this noise level, in points,
+    as mean ± 95% interval; '-' for PPO itself or where no run has a PPO pair."""
+    ppo = {r["seed"]: r["final"].get(key) for r in results if r["method"] == "ppo" and r["noise"] == noise}
+    diffs = [r["final"][key] - ppo[r["seed"]] for r in runs
+             if r["method"] != "ppo" and ppo.get(r["seed"]) is not None and r["final"].get(key) is not None]
+    return interval(diffs, 100, 1) if diffs else "-"
+
+
 def write_table(path: Path, results: list[dict], args) -> None:
     names = [metric_name(m) for m in args.metric_list]
+    keys = paired_keys(args)
+    finals = names + [k for k in keys if k not in names]   # the faithful accuracy after the asked metrics
     count = lambda k: f"the first {k}" if k else "all the"   # noqa: E731
     start = "its SFT run's final checkpoint" if args.sft_iterations else f"the model itself ({args.model})"
     lines = [f"# SFT start, {', '.join(METHODS[m][0] for m in args.method_list)} on {args.dataset}", "",
@@ -303,23 +351,25 @@ def write_table(path: Path, results: list[dict], args) -> None:
              "iterations of the effective number of episodes behind an update, (sum w)^2 / sum w^2 (n/a "
              "without influence, where it is all of them). Training minutes exclude evaluation. With reward noise: flip AUC, the AUC of the influence scores for \"reward not "
              "flipped\" (0.5 = chance), and the share of flipped episodes among the dropped and the kept "
-             "(means over iterations).", ""]
+             "(means over iterations)." + (
+                 " faithful acc: the faithful accuracy, the share of problems whose greedy answer is correct "
+                 "and faithful (reasoning.py), em x (1 - the unfaithful share of the correct); it is em without "
+                 "the right answers reached by a wrong step." if FAITHFUL in keys else ""), ""]
     for noise in args.noise_list:
         lines += [f"## Reward noise {noise:g}", "",
-                  "| method | " + " | ".join(f"final {n}" for n in names) + " | em - PPO (pt) | kept | ess | "
+                  "| method | " + " | ".join(f"final {PAIRED.get(n, n)}" for n in finals) + " | "
+                  + " | ".join(f"{PAIRED[k]} - PPO (pt)" for k in keys) + " | kept | ess | "
                   "training min |" + (" flip AUC | flipped among dropped | flipped among kept |" if noise > 0 else ""),
-                  "|---|" + "---|" * (len(names) + 4) + ("---|---|---|" if noise > 0 else "")]
-        ppo = {r["seed"]: r["final"].get("em") for r in results if r["method"] == "ppo" and r["noise"] == noise}
+                  "|---|" + "---|" * (len(finals) + len(keys) + 3) + ("---|---|---|" if noise > 0 else "")]
         for method in [START, *args.method_list]:
             runs = [r for r in results if r["method"] == method and r["noise"] in (noise, None)]
             if not runs:
                 continue
             # The model itself as the start: one evaluation, shown once (no interval over seeds).
             shown = runs[:1] if method == START and not runs[0]["run_dir"] else runs
-            cells = [interval([r["final"].get(n) for r in shown]) for n in names]
-            diff = [r["final"]["em"] - ppo[r["seed"]] for r in runs if ppo.get(r["seed"]) is not None
-                    and "em" in r["final"]] if method != "ppo" else []
-            row = (f"| {label(method)} | " + " | ".join(cells) + f" | {interval(diff, 100, 1) if diff else '-'} | "
+            cells = [interval([r["final"].get(n) for r in shown]) for n in finals]
+            cells += [difference_to_ppo(runs, results, noise, k) for k in keys]
+            row = (f"| {label(method)} | " + " | ".join(cells) + " | "
                    f"{interval([r['kept_fraction'] for r in runs], digits=2)} | "
                    f"{interval([statistics.mean(r['weight_ess'].values()) if r['weight_ess'] else None for r in runs], digits=0)} | "
                    f"{interval([r['train_minutes'] for r in runs if r['run_dir']], digits=1)} |")
@@ -329,21 +379,31 @@ def write_table(path: Path, results: list[dict], args) -> None:
                                ("flip_auc", "flipped_share_dropped", "flipped_share_kept"))
             lines.append(row)
         lines.append("")
-    lines += paired_tables(results, args)
-    lines += ["## Final em of every run", "", "| method | noise | " + " | ".join(f"seed {x}" for x in args.seed_list) + " |",
-              "|---|---|" + "---|" * len(args.seed_list)]
-    for noise in args.noise_list:
-        for method in args.method_list:
-            em = {r["seed"]: r["final"].get("em") for r in results if r["method"] == method and r["noise"] == noise}
-            lines.append(f"| {label(method)} | {noise:g} | " + " | ".join(
-                "-" if em.get(x) is None else f"{em[x]:.3f}" for x in args.seed_list) + " |")
-    lines.append("")
+    for key in keys:
+        lines += paired_tables(results, args, key)
+    for key in keys:
+        lines += final_per_run(results, args, key)
     lines += [f"Shared train.py flags: `{' '.join(train_argv(args))}`; RL runs `--iterations {args.iterations}`"
               + (f", SFT `--iterations {args.sft_iterations}`." if args.sft_iterations else "."), ""]
     path.write_text("\n".join(lines))
 
 
-# (a, b, what a - b measures): the paper's claims as paired contrasts of final em.
+def final_per_run(results: list[dict], args, key: str = "em") -> list[str]:
+    """The final `key` (em, or the faithful accuracy) of every RL run: a row per method and
+    noise level, a column per seed."""
+    lines = [f"## Final {PAIRED[key]} of every run", "",
+             "| method | noise | " + " | ".join(f"seed {x}" for x in args.seed_list) + " |",
+             "|---|---|" + "---|" * len(args.seed_list)]
+    for noise in args.noise_list:
+        for method in args.method_list:
+            value = {r["seed"]: r["final"].get(key) for r in results if r["method"] == method and r["noise"] == noise}
+            lines.append(f"| {label(method)} | {noise:g} | " + " | ".join(
+                "-" if value.get(x) is None else f"{value[x]:.3f}" for x in args.seed_list) + " |")
+    lines.append("")
+    return lines
+
+
+# (a, b, what a - b measures): the paper's claims as paired contrasts of final em (and faithful accuracy).
 CONTRASTS = (("ippo", "ppo", "I-PPO vs PPO"), ("ippo", "grpo", "I-PPO vs GRPO"),
              ("ippo", "ippo-binary", "reweighting vs the binary filter (I-PPO minus binary)"),
              ("ippo", "random-filter", "influence vs the random filter (I-PPO minus random)"),
@@ -351,28 +411,31 @@ CONTRASTS = (("ippo", "ppo", "I-PPO vs PPO"), ("ippo", "grpo", "I-PPO vs GRPO"),
              ("igrpo", "grpo", "the filter on GRPO (I-GRPO minus GRPO)"))
 
 
-def paired_tables(results: list[dict], args) -> list[str]:
-    """Final em of a minus b, paired by seed (points, mean ± 95% interval), per noise level; and
-    with more than one noise level, each method's em at every level minus its em without noise."""
-    em = {(r["method"], r["noise"], r["seed"]): r["final"].get("em") for r in results}
+def paired_tables(results: list[dict], args, key: str = "em") -> list[str]:
+    """Final `key` (em, or the faithful accuracy) of a minus b, paired by seed (points, mean ± 95%
+    interval), per noise level; and with more than one noise level, each method's `key` at every
+    level minus its `key` without noise."""
+    final = {(r["method"], r["noise"], r["seed"]): r["final"].get(key) for r in results}
+    what_of = PAIRED[key]
 
     def paired(a, noise_a, b, noise_b):
-        diffs = [100 * (em[a, noise_a, s] - em[b, noise_b, s]) for s in args.seed_list
-                 if em.get((a, noise_a, s)) is not None and em.get((b, noise_b, s)) is not None]
+        diffs = [100 * (final[a, noise_a, s] - final[b, noise_b, s]) for s in args.seed_list
+                 if final.get((a, noise_a, s)) is not None and final.get((b, noise_b, s)) is not None]
         return interval(diffs, digits=1) if diffs else "-"
 
     present = set(args.method_list)
     rows = [c for c in CONTRASTS if c[0] in present and c[1] in present]
     lines = []
     if rows:
-        lines += ["## Paired differences in final em (points: same seed, then mean ± 95% interval)", "",
+        lines += [f"## Paired differences in final {what_of} (points: same seed, then mean ± 95% interval)", "",
                   "| contrast | " + " | ".join(f"noise {p:g}" for p in args.noise_list) + " |",
                   "|---|" + "---|" * len(args.noise_list)]
         lines += [f"| {what} | " + " | ".join(paired(a, p, b, p) for p in args.noise_list) + " |" for a, b, what in rows]
         lines.append("")
     noisy = [p for p in args.noise_list if p > 0]
     if noisy and 0 in args.noise_list:
-        lines += ["## What the noise costs: final em at each noise level minus without noise (points, paired by seed)",
+        lines += [f"## What the noise costs: final {what_of} at each noise level minus without noise "
+                  "(points, paired by seed)",
                   "", "| method | " + " | ".join(f"noise {p:g}" for p in noisy) + " |", "|---|" + "---|" * len(noisy)]
         lines += [f"| {label(m)} | " + " | ".join(paired(m, p, m, 0.0) for p in noisy) + " |" for m in args.method_list]
         lines.append("")
@@ -386,13 +449,26 @@ def mean_series(runs: list[dict], pick) -> tuple[list, list]:
     return xs, [statistics.mean(p[x] for p in per_run) for x in xs]
 
 
+def draw_faithful(ax, runs: list[dict], color: str, name: str) -> None:
+    """One method's eval faithful accuracy against iteration: a faint line per seed, the mean
+    over seeds bold (nothing off arith, where the runs have no faithful_curve)."""
+    for r in runs:
+        its = sorted(r["faithful_curve"])
+        if its:
+            ax.plot(its, [r["faithful_curve"][i] for i in its], color=color, alpha=0.25, linewidth=0.8)
+    x, y = mean_series(runs, lambda r: r["faithful_curve"])
+    if x:
+        ax.plot(x, y, color=color, marker="o", markersize=3, label=f"{name} (mean)")
+
+
 def write_plot(path: Path, results: list[dict], noise: float, methods: list[str]) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
-    (acc_it, acc_min, kept_ax), (sec_ax, auc_ax, share_ax) = axes
+    fig, axes = plt.subplots(2, 4, figsize=(21, 8.5))
+    (acc_it, faithful_ax, acc_min, kept_ax), (sec_ax, auc_ax, share_ax, spare) = axes
+    faithful_ax.sharey(acc_it)   # one scale: the drop from accuracy to faithful accuracy reads off directly
     for i, method in enumerate(methods):
         runs = [r for r in results if r["method"] == method and r["noise"] == noise]
         if not runs:
@@ -407,6 +483,7 @@ def write_plot(path: Path, results: list[dict], noise: float, methods: list[str]
         x, y = mean_series(runs, lambda r: {c[0]: c[1] for c in r["curve"]})
         _, acc = mean_series(runs, lambda r: {c[0]: c[2] for c in r["curve"]})
         acc_min.plot(y, acc, color=color, marker="o", markersize=3, label=name)
+        draw_faithful(faithful_ax, runs, color, name)
         for ax, key in ((kept_ax, "kept"), (sec_ax, "seconds"), (auc_ax, "flip_auc")):
             x, y = mean_series(runs, lambda r: r[key])
             if x:
@@ -420,6 +497,10 @@ def write_plot(path: Path, results: list[dict], noise: float, methods: list[str]
     acc_it.set(xlabel="iteration", ylabel="greedy exact match (eval)", title="eval accuracy (faint: one seed)")
     acc_min.set(xlabel="training minutes (evaluation excluded)", ylabel="greedy exact match (eval)",
                 title="eval accuracy against training time")
+    faithful_ax.set(xlabel="iteration", ylabel="correct and faithful / all problems (eval)",
+                    title="eval faithful accuracy (faint: one seed)")
+    if not faithful_ax.lines:
+        faithful_ax.text(0.5, 0.5, "arith only", ha="center", va="center", transform=faithful_ax.transAxes)
     kept_ax.set(xlabel="iteration", ylabel="kept / all episodes", title="kept fraction", ylim=(0, 1.05))
     sec_ax.set(xlabel="iteration", ylabel="seconds", title="training seconds per iteration")
     auc_ax.set(xlabel="iteration", ylabel="AUC", title="flip AUC: influence scores for 'not flipped'")
@@ -434,6 +515,7 @@ def write_plot(path: Path, results: list[dict], noise: float, methods: list[str]
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
+    spare.set_axis_off()
     fig.suptitle(f"mean over seeds, reward noise {noise:g}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

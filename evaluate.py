@@ -9,6 +9,10 @@ Metrics, each over the evaluated problems (the mean over problems is the reporte
 Standard errors: sqrt(p (1 - p) / N) for em and maj@k (N problems, binomial); for pass@k
 the standard error of the mean of the per-problem estimates, sqrt(var / N) with the
 population variance (so it equals the binomial formula when every estimate is 0 or 1).
+On arith the result also has "reasoning" (reasoning.py's labels, counted), with the faithful
+accuracy: the share of problems whose answer is correct AND faithful, em x (1 - unfaithful
+share of the correct), i.e. accuracy once right answers reached by a wrong step stop counting
+(`faithful_accuracy_summary`).
 
 Public functions:
     evaluate(policy, tokenizer, examples, task, ...) -> dict: metrics, counts, per-problem predictions
@@ -183,7 +187,9 @@ def evaluate(policy, tokenizer, examples, task: str, *, metrics="em", samples: i
     problem: question, gold; greedy response, pred, correct, truncated (em); "samples":
     [{response, pred, correct, truncated}] and per-metric fields (maj@k, pass@k)]}, and, when
     em is asked, its "accuracy", "stderr", "n_correct", "n_unparsed", "n_truncated" at the
-    top level too (what train.run_eval reads)."""
+    top level too (what train.run_eval reads). On arith also "reasoning": {"greedy" (em asked),
+    "samples" (samples drawn): the label counts, the unfaithful share of the correct and the
+    faithful accuracy, each with its standard error} (reasoning_summary)."""
     metrics = parse_metrics(metrics) if isinstance(metrics, str) else list(metrics)
     ks = [k for name, k in metrics if name in SAMPLED]
     n_samples = (samples if samples is not None else max(ks)) if ks else 0
@@ -241,7 +247,7 @@ def reasoning_summary(predictions: list[dict], examples) -> dict:
     wrong; stored in its record as "reasoning") and count the labels, for the greedy responses
     and for the samples, with the unfaithful share of the correct ones and its standard error
     (binomial over the correct responses; samples of one problem are not independent, so for
-    "samples" it is a lower bound)."""
+    "samples" it is a lower bound), and the faithful accuracy (faithful_accuracy_summary)."""
     summary = {}
     for kind in ("greedy", "samples"):
         records = ([(p, e) for p, e in zip(predictions, examples) if "response" in p] if kind == "greedy" else
@@ -255,8 +261,26 @@ def reasoning_summary(predictions: list[dict], examples) -> dict:
         share = counts["unfaithful_of_correct"]
         summary[kind] = counts | {"n_correct": n_correct,
                                   "unfaithful_of_correct_stderr": None if share is None else
-                                  binomial_stderr(share, n_correct)}
+                                  binomial_stderr(share, n_correct)} | faithful_accuracy_summary(predictions, kind)
     return summary
+
+
+def faithful_accuracy_summary(predictions: list[dict], kind: str) -> dict:
+    """Faithful accuracy of the labelled records (their "reasoning"): the share of problems
+    whose answer is correct AND faithful. Accuracy alone counts a right answer reached by a
+    wrong step; this is the part of accuracy that a correct chain of steps earns.
+
+    greedy:  faithful greedy responses / N problems, binomial stderr sqrt(p (1 - p) / N).
+    samples: per problem the share of its samples labelled faithful, then the mean over the
+             N problems, with the stderr of that mean over problems (mean_stderr): a problem's
+             samples are not independent, so they are not counted as N x n outcomes.
+    Returns {"faithful_accuracy", "faithful_accuracy_stderr"}."""
+    if kind == "greedy":
+        outcomes = [float(p["reasoning"] == "faithful") for p in predictions]
+        value = sum(outcomes) / len(outcomes)
+        return {"faithful_accuracy": value, "faithful_accuracy_stderr": binomial_stderr(value, len(outcomes))}
+    shares = [sum(s["reasoning"] == "faithful" for s in p["samples"]) / len(p["samples"]) for p in predictions]
+    return {"faithful_accuracy": sum(shares) / len(shares), "faithful_accuracy_stderr": mean_stderr(shares)}
 
 
 # ----------------------------------------------------------------------------- loading and CLI
@@ -303,6 +327,15 @@ def summary_line(label: str, name: str, m: dict, n: int, n_samples: int) -> str:
         return line + f" ({m['n_correct']}/{n}; vote of the first {m['k']} of {n_samples} samples; " \
                       f"{m['n_no_vote']} with no parsed answer)"
     return line + f" (mean over {n} problems of the unbiased estimate from {n_samples} samples each)"
+
+
+def faithful_line(label: str, kind: str, r: dict, n: int, n_samples: int) -> str:
+    """The printed faithful accuracy of the greedy answers or of the samples (arith)."""
+    line = (f"[eval] {label} faithful accuracy ({kind}) {r['faithful_accuracy']:.3f} "
+            f"+- {r['faithful_accuracy_stderr']:.3f}")
+    if kind == "greedy":
+        return line + f" ({r['faithful']}/{n} problems with a correct answer and faithful reasoning)"
+    return line + f" (mean over {n} problems of the share of their {n_samples} samples correct and faithful)"
 
 
 def main(argv=None) -> dict:
@@ -372,6 +405,7 @@ def main(argv=None) -> dict:
     for name, m in result["metrics"].items():
         print(summary_line(label, name, m, result["n"], result["n_samples"]))
     for kind, r in result.get("reasoning", {}).items():
+        print(faithful_line(label, kind, r, result["n"], result["n_samples"]))
         if r["unfaithful_of_correct"] is not None:
             print(f"[eval] {label} unfaithful share of the correct {kind} answers: {r['unfaithful_of_correct']:.3f} "
                   f"+- {r['unfaithful_of_correct_stderr']:.3f} ({r['unfaithful']}/{r['n_correct']}; "

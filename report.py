@@ -4,20 +4,30 @@ Reads what `train.py` writes (config.json, metrics.jsonl, episodes.jsonl; see th
 "What you will see") and writes two files beside them:
 
     plots.png    small panels against iteration: reward and train accuracy, greedy eval
-                 accuracy (+- its standard error), kept fraction, the influence scores s_i of
-                 every episode (symlog scale, kept / dropped coloured), KL to the reference
-                 policy, policy and value losses, SFT loss. A panel appears only when the run
+                 accuracy (+- its standard error), on arith the faithful accuracy (greedy eval
+                 and sampled episodes) and the unfaithful share of the correct answers, kept
+                 fraction, the influence scores s_i of every episode (symlog scale, kept /
+                 dropped coloured), KL to the reference policy, policy and value losses, SFT loss. A panel appears only when the run
                  has its data, so SFT runs, --influence off runs, skipped updates, runs of
                  one iteration and runs without eval all draw.
     report.html  one static, self-contained page (inline CSS, the plots embedded as base64,
-                 no script): the config, a table of the metrics per iteration, and per
+                 no script): the config, a table of the metrics per iteration (on arith with
+                 the faithful accuracy of the sampled episodes and of the eval), and per
                  iteration the kept fraction and the K episodes with the lowest scores (the
                  most anti-aligned with the validation gradient, s_i = g_i . g_val < 0) and the
                  K with the highest, each with prompt, response, gold, reward, score, weight.
                  All model text is escaped: model output is untrusted.
 
+Faithful accuracy (arith): the share of problems, or episodes, whose answer is correct AND
+faithful (reasoning.py), em x (1 - the unfaithful share of the correct). Accuracy counts a right
+answer reached by a wrong step; this does not. For the sampled episodes it is metrics.jsonl's
+faithful_fraction; for the greedy eval, eval_faithful_accuracy, or for records written before
+train.py logged that key, what `faithful_accuracy` computes from eval_accuracy and
+eval_unfaithful_of_correct (compare.py reads it the same way).
+
 Public functions: `write_plots(run_dir) -> Path`, `write_report(run_dir, top_k=3) -> Path`,
-`load_run(run_dir) -> Run`. CLI: `python report.py RUN_DIR` (re)writes both files.
+`load_run(run_dir) -> Run`, `faithful_accuracy(metrics_row) -> float | None`.
+CLI: `python report.py RUN_DIR` (re)writes both files.
 """
 
 import argparse
@@ -88,6 +98,34 @@ def series(metrics: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [m["iteration"] for m in rows], [float(m[key]) for m in rows]
 
 
+def faithful_accuracy(row: dict) -> float | None:
+    """The greedy eval's faithful accuracy in one metrics.jsonl record: the share of the evaluated
+    problems whose answer is correct and faithful. train.py logs it as eval_faithful_accuracy;
+    a record written before it did still holds the two numbers it is made of, so it is computed
+    from them, eval_accuracy x (1 - eval_unfaithful_of_correct), and is 0 when no answer was
+    correct (the unfaithful share is then None). None when the record has no evaluation or the
+    task is not arith (train.py writes eval_unfaithful_of_correct on arith only)."""
+    if "eval_faithful_accuracy" in row:
+        return row["eval_faithful_accuracy"]
+    accuracy = row.get("eval_accuracy")
+    if accuracy is None or "eval_unfaithful_of_correct" not in row:
+        return None
+    unfaithful = row["eval_unfaithful_of_correct"]
+    if unfaithful is None:           # no correct answer: nothing can be correct and faithful
+        return 0.0 if accuracy == 0 else None
+    return accuracy * (1 - unfaithful)
+
+
+def with_faithful_accuracy(metrics: list[dict]) -> list[dict]:
+    """The records, each with eval_faithful_accuracy filled in where faithful_accuracy() gives
+    one, so that old and new run directories plot and tabulate from the same key."""
+    out = []
+    for m in metrics:
+        value = faithful_accuracy(m)
+        out.append(m if value is None else m | {"eval_faithful_accuracy": value})
+    return out
+
+
 def scores_by_iteration(episodes: list[dict]) -> dict[int, list[dict]]:
     """Episodes that carry an influence score, grouped by iteration (in file order)."""
     out: dict[int, list[dict]] = {}
@@ -138,6 +176,23 @@ def draw_eval(ax, metrics):
     ax.set_ylim(-0.05, 1.05)
 
 
+def draw_faithful(ax, metrics):
+    """Faithful accuracy of the greedy eval and of the sampled episodes, with the greedy eval
+    accuracy dotted behind them: the gap between the two greedy curves is the share of problems
+    answered right by a wrong step (metrics with eval_faithful_accuracy filled in)."""
+    x, y = series(metrics, "eval_accuracy")
+    if x:
+        ax.plot(x, y, color="gray", linestyle=":", marker="o", markersize=2, label="greedy eval accuracy (all correct)")
+    for key, label in (("eval_faithful_accuracy", "faithful accuracy (greedy eval)"),
+                       ("faithful_fraction", "faithful accuracy (sampled episodes)")):
+        x, y = series(metrics, key)
+        if x:
+            ax.plot(x, y, marker="o", markersize=3, label=label)
+    ax.set_ylabel("correct and faithful / all")
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(fontsize=7)
+
+
 def draw_kept(ax, metrics):
     x, y = series(metrics, "kept_fraction")
     ax.plot(x, y, marker="o", markersize=3)
@@ -178,7 +233,7 @@ def draw_policy_loss(ax, metrics):
 
 def panels(run: Run) -> list[tuple[str, Callable]]:
     """(title, draw(ax)) for each panel the run has data for, in reading order."""
-    m = run.metrics
+    m = with_faithful_accuracy(run.metrics)
 
     def has(key):
         return bool(series(m, key)[0])
@@ -189,6 +244,8 @@ def panels(run: Run) -> list[tuple[str, Callable]]:
                     lambda ax: draw_lines(ax, m, [("reward", "reward"), ("accuracy", "accuracy")], "mean per episode")))
     if has("eval_accuracy"):
         out.append(("greedy eval accuracy (± stderr)", lambda ax: draw_eval(ax, m)))
+    if has("eval_faithful_accuracy") or has("faithful_fraction"):
+        out.append(("faithful accuracy (correct and faithful)", lambda ax: draw_faithful(ax, m)))
     if has("unfaithful_of_correct") or has("eval_unfaithful_of_correct"):
         out.append(("unfaithful share of the correct answers",
                     lambda ax: draw_lines(ax, m, [("unfaithful_of_correct", "sampled episodes"),
@@ -252,11 +309,12 @@ pre.prompt { color: #555; max-height: 8em; }
 """
 
 TABLE_COLUMNS = [  # (metrics key, header, format)
-    ("reward", "reward", "{:.3f}"), ("accuracy", "train acc", "{:.3f}"), ("kept_fraction", "kept frac", "{:.2f}"),
+    ("reward", "reward", "{:.3f}"), ("accuracy", "train acc", "{:.3f}"),
+    ("faithful_fraction", "faithful acc (sampled episodes)", "{:.3f}"), ("kept_fraction", "kept frac", "{:.2f}"),
     ("score_mean", "score mean", "{:+.2e}"), ("score_min", "score min", "{:+.2e}"),
     ("score_max", "score max", "{:+.2e}"), ("kl", "kl", "{:.4f}"), ("policy_loss", "pg", "{:+.4f}"),
     ("value_loss", "vf", "{:.4f}"), ("sft_loss", "sft loss", "{:.4f}"), ("eval_accuracy", "eval acc", "{:.3f}"),
-    ("eval_stderr", "± stderr", "{:.3f}"),
+    ("eval_stderr", "± stderr", "{:.3f}"), ("eval_faithful_accuracy", "eval faithful acc", "{:.3f}"),
 ]
 
 
@@ -352,6 +410,8 @@ def iteration_section(it: int, m: dict, group: list[dict], k: int) -> str:
         facts.append("every episode scored &lt;= 0: update skipped")
     if is_number(m.get("eval_accuracy")):
         facts.append(f"eval accuracy {fmt(m['eval_accuracy'], '{:.3f}')}")
+    if is_number(m.get("eval_faithful_accuracy")):   # m: with_faithful_accuracy filled it in for old runs
+        facts.append(f"eval faithful accuracy {fmt(m['eval_faithful_accuracy'], '{:.3f}')}")
     body = f"<p>{'; '.join(facts)}</p>" if facts else ""
     if not group:
         return head + body + "<p class='note'>no scored episodes in this iteration.</p>"
@@ -370,7 +430,8 @@ def write_report(run_dir, top_k: int = 3) -> Path:
         raise ValueError(f"top_k: must be >= 1 (got {top_k})")
     run = load_run(run_dir)
     groups = scores_by_iteration(run.episodes)
-    by_iteration = {m["iteration"]: m for m in run.metrics if "iteration" in m}
+    metrics = with_faithful_accuracy(run.metrics)
+    by_iteration = {m["iteration"]: m for m in metrics if "iteration" in m}
     iterations = sorted((set(by_iteration) - {0}) | set(groups) | {e["iteration"] for e in run.episodes})
     if groups:
         intro = (f"<p>Per iteration, the {top_k} episodes with the lowest influence scores "
@@ -389,7 +450,7 @@ def write_report(run_dir, top_k: int = 3) -> Path:
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{esc(run.path.name)}: I-PPO run report</title><style>{CSS}</style></head><body>"
             f"<h1>{esc(run.path.name)}: {esc(run_kind(run.config))}</h1>"
-            f"{config_section(run)}{metrics_table(run.metrics)}{plots_section(run)}"
+            f"{config_section(run)}{metrics_table(metrics)}{plots_section(run)}"
             f"<h2>Episodes</h2>{intro}{sections}</body></html>\n")
     out = run.path / "report.html"
     out.write_text(page, encoding="utf-8")

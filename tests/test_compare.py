@@ -113,3 +113,88 @@ def test_paired_tables_by_hand():
     assert "| I-PPO vs PPO | 2.3 ± 6.3 | 8.3 ± 9.4 |" in lines
     # the noise costs PPO 10, 10, 10 points (no spread) and I-PPO 2, 6, 4
     assert "| PPO | -10.0 ± 0.0 |" in lines and "| I-PPO | -4.0 ± 5.0 |" in lines
+
+
+# ----------------------------------------------------------------------------- faithful accuracy (arith)
+
+def write_run(run_dir, rows, final_eval):
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "final_eval.json").write_text(json.dumps(final_eval))
+    return run_dir / "final_eval.json"
+
+
+def test_summarize_run_reads_faithful_accuracy_from_new_and_old_records(tmp_path):
+    """The eval curve and the final value, whether train.py / evaluate.py logged the faithful
+    accuracy (new) or only the accuracy and the unfaithful share it is made of (old); none off arith."""
+    rows = [{"iteration": 0, "eval_accuracy": 0.30, "eval_unfaithful_of_correct": 0.5},   # old: 0.3 x 0.5
+            {"iteration": 1, "accuracy": 0.2, "faithful_fraction": 0.1, "kept_fraction": 1.0},  # no eval
+            {"iteration": 2, "eval_accuracy": 0.0, "eval_unfaithful_of_correct": None},   # old, nothing correct
+            {"iteration": 3, "eval_accuracy": 0.50, "eval_unfaithful_of_correct": 0.2, "eval_faithful_accuracy": 0.4}]
+    greedy = {"faithful": 3, "unfaithful": 1, "wrong": 4, "unfaithful_of_correct": 0.25, "n_correct": 4}
+    new = {"metrics": {"em": {"value": 0.5}}, "reasoning": {"greedy": greedy | {"faithful_accuracy": 0.375}}}
+    old = {"metrics": {"em": {"value": 0.5}}, "reasoning": {"greedy": greedy}}
+    for name, final_eval in (("new", new), ("old", old)):
+        path = write_run(tmp_path / name, rows, final_eval)
+        run = compare.summarize_run({"method": "ppo", "seed": 0, "noise": 0.0, "run_dir": tmp_path / name}, [path])
+        assert run["faithful_curve"] == pytest.approx({0: 0.15, 2: 0.0, 3: 0.4})
+        assert run["final"] == pytest.approx({"em": 0.5, "faithful": 3 / 8})
+    # gsm8k: no labels anywhere, no faithful accuracy
+    path = write_run(tmp_path / "gsm8k", [{"iteration": 0, "eval_accuracy": 0.3}], {"metrics": {"em": {"value": 0.3}}})
+    run = compare.summarize_run({"method": "ppo", "seed": 0, "noise": 0.0, "run_dir": tmp_path / "gsm8k"}, [path])
+    assert run["faithful_curve"] == {} and run["final"] == {"em": 0.3}
+
+
+# PPO ahead in em by 4 points, behind I-PPO in faithful accuracy by 8, 10 and 12 points.
+FINALS = {"ppo": ([0.50, 0.54, 0.52], [0.20, 0.22, 0.24]), "ippo": ([0.46, 0.50, 0.48], [0.28, 0.32, 0.36])}
+
+
+def hand_made_results(with_faithful):
+    results = []
+    for method, (em, faithful) in FINALS.items():
+        for seed in range(3):
+            curve = {0: 0.1, 10: faithful[seed]} if with_faithful else {}
+            results.append({"method": method, "noise": 0.0, "seed": seed, "run_dir": f"runs/{method}-{seed}",
+                            "final": {"em": em[seed]} | ({"faithful": faithful[seed]} if with_faithful else {}),
+                            "kept_fraction": 1.0, "weight_ess": {}, "train_minutes": 1.0,
+                            "curve": [(0, 0.0, 0.2), (10, 1.0, em[seed])], "faithful_curve": curve, "kept": {1: 1.0},
+                            "seconds": {1: 1.0}, "flip_auc": {}, "flipped_share_dropped": {}, "flipped_share_kept": {}})
+    return results
+
+
+def test_table_has_faithful_accuracy_beside_em_on_arith(tmp_path):
+    args = compare.parse_args(["--dataset", "arith", "--methods", "ppo,ippo", "--seeds", "0,1,2"])
+    compare.write_table(tmp_path / "compare.md", hand_made_results(True), args)
+    table = (tmp_path / "compare.md").read_text()
+    assert "| method | final em | final faithful acc | em - PPO (pt) | faithful acc - PPO (pt) | kept |" in table
+    # I-PPO: faithful 0.28, 0.32, 0.36: mean 0.32, sd 0.04, t(2) = 4.303 -> half-width 0.099;
+    # minus PPO 8, 10, 12 points: mean 10, sd 2 -> 4.97; em minus PPO -4 every seed.
+    assert row(table, "I-PPO")[:4] == ["0.480 ± 0.050", "0.320 ± 0.099", "-4.0 ± 0.0", "10.0 ± 5.0"]
+    assert row(table, "PPO")[1:4] == ["0.220 ± 0.050", "-", "-"]
+    faithful_sections = table.split("## Paired differences in final faithful acc")[1]
+    assert "| I-PPO vs PPO | 10.0 ± 5.0 |" in faithful_sections.split("##")[0]
+    assert "| I-PPO | 0 | 0.280 | 0.320 | 0.360 |" in table.split("## Final faithful acc of every run")[1]
+    assert "| I-PPO | 0 | 0.460 | 0.500 | 0.480 |" in table.split("## Final em of every run")[1]
+
+
+def test_table_has_no_faithful_accuracy_off_arith(tmp_path):
+    args = compare.parse_args(["--dataset", "gsm8k", "--methods", "ppo,ippo", "--seeds", "0,1,2"])
+    compare.write_table(tmp_path / "compare.md", hand_made_results(False), args)
+    table = (tmp_path / "compare.md").read_text()
+    assert "faithful" not in table
+    assert "| method | final em | em - PPO (pt) | kept | ess | training min |" in table
+    assert row(table, "I-PPO")[:2] == ["0.480 ± 0.050", "-4.0 ± 0.0"]
+
+
+def test_plot_draws_the_mean_faithful_accuracy_over_seeds(tmp_path):
+    from matplotlib.figure import Figure
+    ax = Figure().subplots()
+    runs = [r for r in hand_made_results(True) if r["method"] == "ippo"]
+    compare.draw_faithful(ax, runs, "C1", "I-PPO")
+    mean = [line for line in ax.lines if line.get_label() == "I-PPO (mean)"]
+    assert len(mean) == 1 and len(ax.lines) == 4                     # three faint seeds and the mean
+    assert list(mean[0].get_xdata()) == [0, 10] and list(mean[0].get_ydata()) == pytest.approx([0.1, 0.32])
+    compare.write_plot(tmp_path / "arith.png", hand_made_results(True), 0.0, ["ppo", "ippo"])
+    compare.write_plot(tmp_path / "gsm8k.png", hand_made_results(False), 0.0, ["ppo", "ippo"])
+    for name in ("arith.png", "gsm8k.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

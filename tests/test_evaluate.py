@@ -225,3 +225,49 @@ def test_cli_refuses_bad_flags_before_loading_anything(flags, says, capsys):
         ev.main(["--model", "/nonexistent", *flags])
     assert err.value.code == 2
     assert says in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- faithful accuracy (arith)
+
+def arith_responses(examples, kinds):
+    """A response of each kind per example: the reference solution (faithful), the final line
+    alone (right answer, no chain of steps: unfaithful), or a wrong answer."""
+    made = {"faithful": lambda e: e.solution, "unfaithful": lambda e: f"#### {e.gold}",
+            "wrong": lambda e: f"#### {int(e.gold) + 1}"}
+    return [made[kind](e) for e, kind in zip(examples, kinds)]
+
+
+def test_faithful_accuracy_of_greedy_answers_and_samples_by_hand():
+    examples = data.generate_arith("test", terms=3)[:4]
+    greedy = arith_responses(examples, ["faithful", "unfaithful", "wrong", "faithful"])
+    samples = [["faithful", "faithful", "wrong"], ["unfaithful"] * 3, ["faithful", "wrong", "unfaithful"], ["wrong"] * 3]
+    predictions = [{"response": g, "samples": [{"response": r} for r in arith_responses([e] * 3, kinds)]}
+                   for e, g, kinds in zip(examples, greedy, samples)]
+    summary = ev.reasoning_summary(predictions, examples)
+    g, s = summary["greedy"], summary["samples"]
+    assert [p["reasoning"] for p in predictions] == ["faithful", "unfaithful", "wrong", "faithful"]   # labels as meant
+    # greedy: 2 of 4 problems correct and faithful; binomial stderr sqrt(0.5 * 0.5 / 4).
+    assert g["faithful_accuracy"] == 0.5 and g["faithful_accuracy_stderr"] == pytest.approx(0.25)
+    # = em x (1 - unfaithful share of the correct): 3/4 correct, 1 of the 3 unfaithful
+    assert g["faithful_accuracy"] == pytest.approx(3 / 4 * (1 - g["unfaithful_of_correct"]))
+    # samples: per problem 2/3, 0, 1/3, 0 faithful; mean 1/4; stderr of that mean over the 4
+    # problems, population variance 11/144: sqrt(11/144 / 4) = sqrt(11) / 24.
+    assert s["faithful_accuracy"] == pytest.approx(0.25)
+    assert s["faithful_accuracy_stderr"] == pytest.approx(math.sqrt(11) / 24)
+    assert (s["faithful"], s["unfaithful"], s["wrong"]) == (3, 4, 5)   # the old counts are still there
+
+
+def test_cli_prints_faithful_accuracy_on_arith(tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    saved = ev.main(["--model", "tiny-arith", "--dataset", "arith", "--arith-terms", "3", "--limit", "6",
+                     "--metrics", "em,pass@2", "--max-new-tokens", "40", "--batch-size", "12", "--no-progress",
+                     "--out", str(out)])
+    printed = capsys.readouterr().out
+    g, s = saved["reasoning"]["greedy"], saved["reasoning"]["samples"]
+    assert g["faithful_accuracy"] == g["faithful"] / 6 == json.loads(out.read_text())["reasoning"]["greedy"][
+        "faithful_accuracy"]
+    faithful_share = [sum(x["reasoning"] == "faithful" for x in p["samples"]) / 2 for p in saved["predictions"]]
+    assert s["faithful_accuracy"] == pytest.approx(sum(faithful_share) / 6)
+    assert f"faithful accuracy (greedy) {g['faithful_accuracy']:.3f} +- {g['faithful_accuracy_stderr']:.3f}" in printed
+    assert f"faithful accuracy (samples) {s['faithful_accuracy']:.3f} +- {s['faithful_accuracy_stderr']:.3f}" in printed
+    assert saved["accuracy"] == saved["metrics"]["em"]["value"]   # the existing keys are unchanged

@@ -2,6 +2,7 @@
 model text and lists the lowest and highest scored episodes of each iteration in order, SFT and
 unscored runs draw too, and the page renders in headless Chromium (skipped without it)."""
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,9 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from report import write_plots, write_report
+from matplotlib.figure import Figure
+
+from report import faithful_accuracy, load_run, panels, write_plots, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = "<script>alert(1)</script>"
@@ -32,15 +35,19 @@ def write_jsonl(path, records):
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def make_run(root: Path, kind="ippo", iterations=3, with_eval=True) -> Path:
-    """A run directory as train.py writes it: kind is ippo, plain (--influence off) or sft."""
-    run = root / f"run-{kind}"
+def make_run(root: Path, kind="ippo", iterations=3, with_eval=True, dataset="gsm8k") -> Path:
+    """A run directory as train.py writes it: kind is ippo, plain (--influence off) or sft. On
+    arith the records have the reasoning metrics: the first eval as written before train.py
+    logged eval_faithful_accuracy (faithful accuracy 0.1 x (1 - 0.5) = 0.05), the last one with it."""
+    run = root / f"run-{kind}-{dataset}"
     run.mkdir()
-    config = {"model": "tiny", "dataset": "gsm8k", "algo": "sft" if kind == "sft" else "ppo",
+    config = {"model": "tiny", "dataset": dataset, "algo": "sft" if kind == "sft" else "ppo",
               "influence": "off" if kind == "plain" else "on", "reweight": True, "random_filter": False,
               "iterations": iterations, "prompts_per_iter": 2, "samples_per_prompt": 4, "seed": 0}
     (run / "config.json").write_text(json.dumps(config, indent=2))
     metrics = [{"iteration": 0, "eval_accuracy": 0.1, "eval_stderr": 0.05, "eval_n": 40}] if with_eval else []
+    if with_eval and dataset == "arith":
+        metrics[0]["eval_unfaithful_of_correct"] = 0.5
     episodes = []
     for it in range(1, iterations + 1):
         if kind == "sft":
@@ -55,8 +62,12 @@ def make_run(root: Path, kind="ippo", iterations=3, with_eval=True) -> Path:
         if kind == "ippo":
             row |= {"score_mean": float(np.mean(scores)), "score_min": min(scores), "score_max": max(scores)}
         row |= {"skipped": True} if not any(kept) else {"policy_loss": 0.1 / it, "value_loss": 0.01, "entropy": 2.0}
+        if dataset == "arith":
+            row |= {"faithful_fraction": 0.05 * it, "unfaithful_fraction": 0.05 * it, "unfaithful_of_correct": 0.5}
         if with_eval and it == iterations:
             row |= {"eval_accuracy": 0.2, "eval_stderr": 0.06, "eval_n": 40}
+            if dataset == "arith":
+                row |= {"eval_unfaithful_of_correct": 0.25, "eval_faithful_accuracy": 0.15}
         metrics.append(row)
         episodes += [{"iteration": it, "prompt": f"question {it}.{i // 2} & <b>", "gold": "42",
                       "response": response(it, i), "reward": 1.0 if i == 1 else 0.0, "truncated": False,
@@ -223,3 +234,58 @@ def test_by_prompt_tells_a_filter_that_keeps_whole_prompts_from_an_independent_o
     assert whole["score_between_prompts"] > 0.9               # the score is mostly the prompt's index
     mixed = fair_test.by_prompt(episodes(lambda j, i: i % 2 == 0))
     assert mixed["same_all_or_none"] == 0.0 and mixed["mixed_kept_correct"] == 0.0
+
+
+# ----------------------------------------------------------------------------- faithful accuracy (arith)
+
+@pytest.mark.parametrize("row, expected", [
+    ({"eval_accuracy": 0.5, "eval_unfaithful_of_correct": 0.2, "eval_faithful_accuracy": 0.4}, 0.4),  # logged
+    ({"eval_accuracy": 0.5, "eval_unfaithful_of_correct": 0.2}, 0.4),          # older record: 0.5 x (1 - 0.2)
+    ({"eval_accuracy": 0.3, "eval_unfaithful_of_correct": 1.0}, 0.0),          # every correct answer unfaithful
+    ({"eval_accuracy": 0.0, "eval_unfaithful_of_correct": None}, 0.0),         # nothing correct
+    ({"eval_accuracy": 0.5}, None),                                            # not arith: no reasoning labels
+    ({"iteration": 3, "faithful_fraction": 0.2, "unfaithful_of_correct": 0.5}, None),   # no eval in this record
+])
+def test_faithful_accuracy_of_a_metrics_record(row, expected):
+    assert faithful_accuracy(row) == (None if expected is None else pytest.approx(expected))
+
+
+def faithful_panel_lines(run):
+    """{label: (x, y)} of the faithful accuracy panel, drawn on a figure of its own; None if absent."""
+    drawn = [draw for title, draw in panels(load_run(run)) if title.startswith("faithful accuracy")]
+    if not drawn:
+        return None
+    ax = Figure().subplots()
+    drawn[0](ax)
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines}
+
+
+def metrics_table_cells(page: str) -> list[dict]:
+    """The report's metrics table as one {header: cell text} per row."""
+    table = page.split("<h2>Metrics per iteration</h2>")[1].split("</table>")[0]
+    head, *rows = table.split("</tr>")[:-1]
+    headers = re.findall(r"<th>(.*?)</th>", head)
+    return [dict(zip(headers, re.findall(r"<td class='num'>(.*?)</td>", r))) for r in rows]
+
+
+def test_faithful_accuracy_panel_and_columns_on_arith(tmp_path):
+    run = make_run(tmp_path, dataset="arith")
+    lines = faithful_panel_lines(run)
+    eval_x, eval_y = lines["faithful accuracy (greedy eval)"]
+    assert eval_x == [0, 3] and eval_y == pytest.approx([0.05, 0.15])        # the old record's, computed
+    sampled_x, sampled_y = lines["faithful accuracy (sampled episodes)"]
+    assert sampled_x == [1, 2, 3] and sampled_y == pytest.approx([0.05, 0.10, 0.15])
+    assert lines["greedy eval accuracy (all correct)"][1] == pytest.approx([0.1, 0.2])
+    assert_png(write_plots(run), min_width=1000, min_height=700)            # 9 panels: 3 rows of 3
+    page = write_report(run).read_text()
+    assert "<th>faithful acc (sampled episodes)</th>" in page and "<th>eval faithful acc</th>" in page
+    table = metrics_table_cells(page)
+    assert [r["eval faithful acc"] for r in table] == ["0.050", "-", "-", "0.150"]   # iterations 0 to 3
+    assert [r["faithful acc (sampled episodes)"] for r in table] == ["-", "0.050", "0.100", "0.150"]
+    assert "eval faithful accuracy 0.150" in section(page, 3)
+
+
+def test_no_faithful_accuracy_off_arith(tmp_path):
+    run = make_run(tmp_path)
+    assert faithful_panel_lines(run) is None
+    assert "faithful" not in write_report(run).read_text()
