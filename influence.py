@@ -19,6 +19,17 @@ Choices the paper leaves open, made here:
     g_i is a gradient of the PPO loss of pi_T, the policy the update trains; taking g_val at
     T = 1 would dot gradients of two different distributions.
 
+What the filter makes of the update. At the update's first step (theta = theta_old, ratio 1)
+the gradient of episode i's loss is g_i, and the kept, reweighted policy gradient is
+    (1/|D'|) sum_{i in D'} w_i g_i = (1 / sum_{j in D'} s_j) sum_{i in D'} g_i (g_i . g_val)
+                                   = (1 / sum_{j in D'} s_j) G+ g_val,   G+ = sum_{i in D'} g_i g_i^T,
+a positive semi-definite matrix times g_val: a preconditioned step down the validation SFT
+loss. To first order every such step lowers that loss (g_val . G+ g_val >= 0); the rewards only
+shape G+ through the advantages inside g_i. So I-PPO learns from its validation solutions, and
+the controls that train on them directly (train.py --algo sft --sft-data val, --sft-coef) ask
+what the filter adds beyond them (experiments/filter-controls/). tests/test_filter_controls.py
+checks the identity on the gradient ppo_update takes.
+
 The validation-free reference (DTV, arXiv 2609.35072), --reference batch | batch-loo: the
 episode's g_i is dotted with the mean gradient of the buffer's episodes, r = (1/N) sum_j g_j,
 or without itself, (sum_j g_j - g_i) / (N - 1); DTV keeps s_i >= 0 and does not reweight.
