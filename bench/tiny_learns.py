@@ -39,7 +39,7 @@ ITERATIONS = 150
 BUDGET_MIN = 15   # the question's budget: the table also gives em at the last evaluation within it
 RECIPE = ["--model", "tiny-arith", "--dataset", "arith", "--arith-terms", "3", "--prompts-per-iter", "32",
           "--samples-per-prompt", "4", "--temperature", "0.5", "--max-new-tokens", "40", "--lr", "1e-3",
-          "--kl-beta", "0", "--val-size", "256", "--val-batch-size", "256", "--minibatch-size", "128",
+          "--kl-beta", "0", "--val-size", "256", "--val-batch-size", "64", "--minibatch-size", "128",
           "--micro-batch-size", "128",
           "--gen-batch-size", "128",
           "--eval-every", "10", "--eval-limit", "500", "--eval-max-new-tokens", "40", "--no-progress", "--no-plots"]
