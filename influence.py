@@ -89,10 +89,12 @@ def validation_gradient(policy, val_seqs: Sequences, batch_size: int = 8, progre
     params = lora_parameters(policy)
     n_tokens_total = val_seqs.response_mask.sum() if n_tokens is None else n_tokens
     g_val = torch.zeros(sum(p.numel() for p in params), device=val_seqs.response_mask.device)
+    # Batches of solutions of similar lengths: the set is padded to its longest prompt and
+    # solution, and a batch of shorter ones need not pay for that padding (the sum is the same).
+    order = (val_seqs.prompt_mask.sum(1) * 1000 + val_seqs.response_mask.sum(1)).cpu().argsort(stable=True)
     for s in tqdm(range(0, len(val_seqs), batch_size), desc="g_val", unit="batch", disable=not progress, leave=False):
-        part = val_seqs.select(range(s, min(s + batch_size, len(val_seqs))))
-        # Only the response columns this batch uses (the prompt side is trimmed in token_logprobs):
-        # the set is padded to its longest solution, and a batch of shorter ones need not pay for it.
+        part = val_seqs.select(order[s:s + batch_size])
+        # Only the columns this batch uses: the response side here, the prompt side in token_logprobs.
         width = int(part.response_mask.sum(1).max())
         part = Sequences(part.prompt_ids, part.prompt_mask, part.response_ids[:, :width], part.response_mask[:, :width])
         nll, _ = sft_nll(policy, part, temperature)

@@ -14,7 +14,9 @@ train.py in a fresh process; the per-phase seconds of every iteration come from 
 metrics.jsonl. Prints, per phase, the median over iterations 2..--iterations (iteration 1 warms
 up) and over pairs, the medians of the iteration totals and I-PPO's total over PPO's, and
 I-PPO's mean kept fraction (its update runs on the kept episodes only). The totals exclude the
-checkpoint written after each iteration (the same for both).
+checkpoint written after each iteration (the same for both). With --recipe tiny it also times,
+alone and in this process, the passes an exact I-PPO must add to PPO (pass_costs) and prints the
+floor they set: (PPO + g_val + one plain forward and backward over the episodes) / PPO.
 
 The runs are deterministic (same seed, same episodes, same updates), so repeated pairs do the
 same work and differ only in how fast the machine was: with --pairs K > 1 the pairs alternate
@@ -65,6 +67,69 @@ def summary(rows: list[dict]) -> dict:
             "kept_fraction": statistics.mean(r.get("kept_fraction", 1.0) for r in later)}
 
 
+def pass_costs(recipe: list[str], seed: int, repeats: int = 5) -> dict:
+    """The passes I-PPO must add to PPO, each timed alone at the start policy, median of
+    `repeats`: g_val (forward and backward over the validation solutions, as train.py computes
+    it) and one plain forward and backward of the policy loss over an iteration's episodes
+    (the samples of a prompt sharing its forward, as in the update), the least that any exact
+    scoring pass can cost; and the one-pass scores as train.py computes them."""
+    import time
+
+    import torch
+
+    import train
+    from config import parse_config
+    from data import load_task, make_prompt
+    from influence import onepass_scores, validation_gradient
+    from model import load_policy, lora_parameters
+    from ppo import policy_loss
+    from reward import reward_fn
+    from rollout import encode_pairs, generate_rollouts, token_logprobs
+
+    cfg = parse_config([*recipe, "--influence", "on", "--seed", str(seed)])
+    torch.manual_seed(cfg.seed)
+    policy, tok = load_policy(cfg.model, device="cpu", dtype="fp32", lora_targets=cfg.targets(),
+                              lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, quiet=True)
+    task = load_task(cfg.dataset, "train", cfg.data_source, arith_digits=cfg.arith_digits, arith_terms=cfg.arith_terms)
+    rows, val = task.examples[:cfg.prompts_per_iter], task.examples[-cfg.val_size:]
+    val_seqs = encode_pairs(tok, [make_prompt(e.question, cfg.dataset) for e in val], [e.solution for e in val])
+    rollouts = generate_rollouts(policy, tok, [make_prompt(e.question, cfg.dataset) for e in rows],
+                                 n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
+                                 temperature=cfg.temperature, seed=seed, batch_size=cfg.gen_batch_size,
+                                 progress=False, reference=False)
+    buf = train.Buffer(rows, rollouts)
+    buf.rewards = torch.tensor([reward_fn(t, rows[j].gold, cfg.dataset, bool(tr), 0.0, False)
+                                for t, j, tr in zip(rollouts.responses, rollouts.prompt_index, rollouts.truncated)])
+    advantages, *_ = train.compute_advantages(cfg, buf)
+    params = lora_parameters(policy)
+
+    def g_val():
+        return validation_gradient(policy, val_seqs, cfg.val_batch_size, temperature=cfg.temperature)
+
+    def plain_pass():
+        logprobs, _, _ = token_logprobs(policy, rollouts, cfg.temperature)
+        loss = policy_loss(logprobs, rollouts.old_logprobs, advantages, rollouts.response_mask, cfg.clip_eps).sum()
+        torch.autograd.grad(loss, params)
+
+    vector = g_val()
+
+    def scores():
+        onepass_scores(policy, rollouts, advantages, vector, clip_eps=cfg.clip_eps, temperature=cfg.temperature,
+                       batch_size=cfg.micro_batch_size)
+
+    def median_seconds(f):
+        f()                                           # warm-up
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    return {"g_val": median_seconds(g_val), "plain_pass": median_seconds(plain_pass),
+            "onepass_scores": median_seconds(scores)}
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=20)
@@ -96,6 +161,14 @@ def main(argv=None) -> dict:
         r = result[name]
         print(f"| {name} | " + " | ".join(f"{r[p]:.2f}" for p in PHASES) + f" | {r['total']:.2f} | {r['kept_fraction']:.2f} |")
     print(f"\nI-PPO / PPO per iteration: {result['ratio']:.2f}")
+    if args.recipe == "tiny":
+        passes = pass_costs(RECIPES[args.recipe], args.seed)
+        floor = (result["PPO"]["total"] + passes["g_val"] + passes["plain_pass"]) / result["PPO"]["total"]
+        result["passes"] = passes | {"floor": floor}
+        print(f"the passes I-PPO adds, alone, median of 5 (s): g_val {passes['g_val']:.2f}, one plain forward and "
+              f"backward over the episodes {passes['plain_pass']:.2f} (train.py's one-pass scores: "
+              f"{passes['onepass_scores']:.2f})")
+        print(f"floor of an exact I-PPO, (PPO + g_val + one plain pass) / PPO: {floor:.2f}")
     if args.pairs > 1:
         print("pair by pair: " + ", ".join(f"{x:.2f}" for x in pair_ratios) + f"; mean {mean:.3f} ± {half:.3f} (95% t)")
     if args.out:
