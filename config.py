@@ -52,14 +52,13 @@ class Config:
     algo: str = flag("ppo", "ppo (with or without influence) or sft (LoRA on reference solutions)", choices=("ppo", "sft"))
     influence: str = flag("on", "on: I-PPO; off: plain PPO", choices=("on", "off"))
     reweight: bool = flag(True, "weight kept episodes by s_i / mean kept s (--no-reweight: binary filter)")
-    influence_method: str = flag("onepass", "how scores are computed: onepass (one batched backward per --micro-batch-size episodes, exact) or "
-                                 "loop (one backward per episode, the readable reference)", choices=("onepass", "loop"))
-    passes: str = flag("separate", "separate: log pi_old and V_old in a no-grad pass after sampling, where the "
-                       "algorithm box has them. shared (opt-in speed-up, the same numbers, tested): no pass of "
-                       "their own where another forward at theta_old gives them: with influence on (one-pass), "
-                       "the scoring forward (its graph kept for all episodes until the scores: memory grows with "
-                       "prompts x samples, not --micro-batch-size); with influence off and one minibatch of every "
-                       "episode, the update's first forward", choices=("separate", "shared"))
+    speedups: str = flag("on", "off: every step by its definition (per-episode gradients by a loop of backward "
+                         "passes, log-probs by log_softmax and gather, one forward per sequence); on: the same "
+                         "numbers from less work (speedups.py: one-pass influence scores, lean log-probs, the "
+                         "shared prompt prefix); all: also log pi_old and V_old from a forward at theta_old that "
+                         "runs anyway, the influence scoring's or the update's first (its graph is kept for "
+                         "every episode: memory grows with prompts x samples, not --micro-batch-size)",
+                         choices=("off", "on", "all"))
     random_filter: bool = flag(False, "control: drop as many episodes as influence would, chosen at random")
     reference: str = flag("validation", "what each episode's gradient g_i is dotted with: validation (I-PPO: g_val, "
                           "the SFT gradient of the validation set); batch (DTV, arXiv 2609.35072: the mean g_j of "
@@ -99,9 +98,7 @@ class Config:
     ppo_epochs: int = flag(2, "passes over the kept episodes per iteration")
     minibatch_size: int = flag(16, "episodes per optimizer step")
     micro_batch_size: int = flag(4, "episodes per forward/backward (does not change the math). It bounds the "
-                                 "memory of every pass under --passes separate; with --passes shared and influence "
-                                 "on, the scoring forward keeps every episode's graph until the scores, so peak "
-                                 "memory grows with prompts x samples whatever this is")
+                                 "memory of every pass, except under --speedups all (see there)")
     lr: float = flag(5e-5, "AdamW learning rate for the LoRA adapters")
     # Our choice: the value head has a learning rate of its own. It starts at V = 0 and is of
     # use as a baseline only once it has caught up with the returns; AdamW at the LoRA rate
@@ -294,7 +291,7 @@ def refuse_inert_flags(cfg: Config, given: set[str]) -> None:
                                "critic_episodes", "critic_grad")]
     if cfg.influence == "off":
         inert += [(name, "--influence off", "nothing is scored")
-                  for name in ("stop_below_kept", "influence_method", "reference", "critic_episodes")]
+                  for name in ("stop_below_kept", "reference", "critic_episodes")]
     if cfg.random_filter:
         inert += [("reweight", "--random-filter", "the random control keeps its episodes at weight 1")]
     elif cfg.reference != "validation":
@@ -302,8 +299,6 @@ def refuse_inert_flags(cfg: Config, given: set[str]) -> None:
     if cfg.algo != "sft":
         inert += [("sft_data", "--algo ppo", "it picks --algo sft's data; --sft-coef always uses the validation "
                    "solutions")]
-    if cfg.influence_method == "loop":
-        inert += [("passes", "--influence-method loop", "the per-episode loop always runs its own passes")]
     for name, other, why in inert:
         if name in given:
             raise SystemExit(f"--{name.replace('_', '-')}: does nothing with {other} ({why}); leave it out")
@@ -394,6 +389,24 @@ def resumed_config(cfg: Config, given: set[str]) -> Config:
     return saved
 
 
+def renamed_settings(path: Path, values: dict) -> dict:
+    """A config.json written before --influence-method and --passes became --speedups: the
+    settings that mean the same run are renamed (onepass with separate passes is --speedups on,
+    with shared passes --speedups all); the per-episode loop is refused, since --speedups off
+    also changes how the log-probs are computed (the same numbers up to rounding), so the
+    resumed run would not continue the saved one exactly."""
+    if "influence_method" not in values and "passes" not in values:
+        return values
+    values = dict(values)
+    method, passes = values.pop("influence_method", "onepass"), values.pop("passes", "separate")
+    if method == "loop":
+        raise SystemExit(f"{path}: this run used --influence-method loop, which is now --speedups off; it cannot be "
+                         "resumed exactly (--speedups off also computes the log-probs by their definition): "
+                         "start it again with --speedups off")
+    values["speedups"] = "all" if passes == "shared" else "on"
+    return values
+
+
 def read_saved_config(path: Path) -> dict:
     """config.json of a run, checked field by field (it is a file anyone could have edited)."""
     try:
@@ -402,6 +415,7 @@ def read_saved_config(path: Path) -> dict:
         raise SystemExit(f"{path}: not valid JSON ({err})") from err
     if not isinstance(values, dict):
         raise SystemExit(f"{path}: expected a JSON object of flag values")
+    values = renamed_settings(path, values)
     fields = {f.name: f for f in dataclasses.fields(Config)}
     unknown = sorted(set(values) - set(fields))
     if unknown:

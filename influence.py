@@ -34,18 +34,12 @@ The validation-free reference (DTV, arXiv 2609.35072), --reference batch | batch
 episode's g_i is dotted with the mean gradient of the buffer's episodes, r = (1/N) sum_j g_j,
 or without itself, (sum_j g_j - g_i) / (N - 1); DTV keeps s_i >= 0 and does not reweight.
 
-Public functions:
+Public functions (the definitions; speedups.py computes the same scores in one pass):
     sft_nll(policy, seqs)                        -> (N,) summed NLL per example, (N,) token counts
     validation_gradient(policy, val_seqs, ...)   -> g_val, a flat (P,) fp32 vector
     episode_gradients(policy, rollouts, advantages, ...) -> (N, P), one backward pass per episode
     influence_scores(episode_grads, g_val)       -> (N,) scores s_i
-    onepass_scores(policy, rollouts, advantages, g_val, ...) -> (N,) the same scores from one
-                                                    batched forward + backward (no g_i in memory)
-    batch_reference_scores(policy, forwards, ...) -> (N,) DTV's scores, one-pass
-    loop_reference_scores(episode_grads, ...)    -> (N,) the same from per-episode gradients
-    scoring_forward(policy, part, temperature), scoring_backward(policy, forwards, old, adv, g_val)
-                                                 -> its two halves (train.py --passes shared
-                                                    takes pi_old and V_old from the forwards)
+    loop_reference_scores(episode_grads, ...)    -> (N,) DTV's scores
     filter_and_reweight(scores)                  -> (keep (N,) bool, weights (N,))
     binary_filter(scores)                        -> the same filter, every kept weight 1
     random_filter(scores, generator)             -> drop as many as the scores would, at random
@@ -58,7 +52,7 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from model import LoRALinear, lora_parameters
+from model import lora_parameters
 from ppo import policy_loss
 from rollout import Rollouts, Sequences, token_logprobs
 
@@ -69,16 +63,16 @@ def _flat(grads, params) -> torch.Tensor:
                       for g, p in zip(grads, params)])
 
 
-def sft_nll(policy, seqs: Sequences, temperature: float = 1.0):
+def sft_nll(policy, seqs: Sequences, temperature: float = 1.0, fast: bool = True):
     """Negative log-likelihood of the given responses under logits / temperature.
     Returns (nll, n_tokens), both (N,): the sum over each example's response tokens, and
-    how many tokens that is."""
-    logprobs, _, _ = token_logprobs(policy, seqs, temperature=temperature)  # (N, T)
+    how many tokens that is. (`fast`: rollout.token_logprobs's.)"""
+    logprobs, _, _ = token_logprobs(policy, seqs, temperature=temperature, fast=fast)  # (N, T)
     return -(logprobs * seqs.response_mask).sum(-1), seqs.response_mask.sum(-1)
 
 
 def validation_gradient(policy, val_seqs: Sequences, batch_size: int = 8, progress: bool = False,
-                        n_tokens: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+                        n_tokens: torch.Tensor | None = None, temperature: float = 1.0, fast: bool = True) -> torch.Tensor:
     """g_val = grad over the LoRA parameters of  (sum of NLL over all validation reference
     tokens) / (number of those tokens), the NLL under logits / temperature (train.py: the
     sampling temperature, so that g_val and g_i are gradients of one distribution).
@@ -97,7 +91,7 @@ def validation_gradient(policy, val_seqs: Sequences, batch_size: int = 8, progre
         # Only the columns this batch uses: the response side here, the prompt side in token_logprobs.
         width = int(part.response_mask.sum(1).max())
         part = Sequences(part.prompt_ids, part.prompt_mask, part.response_ids[:, :width], part.response_mask[:, :width])
-        nll, _ = sft_nll(policy, part, temperature)
+        nll, _ = sft_nll(policy, part, temperature, fast)
         loss = nll.sum() / n_tokens_total
         g_val += _flat(torch.autograd.grad(loss, params, allow_unused=True), params)
     return g_val
@@ -105,15 +99,15 @@ def validation_gradient(policy, val_seqs: Sequences, batch_size: int = 8, progre
 
 def episode_gradients(policy, rollouts: Rollouts, advantages: torch.Tensor, *, clip_eps: float,
                       temperature: float, progress: bool = False) -> torch.Tensor:
-    """g_i for every episode: one forward and one backward pass per episode (the readable
-    reference path). L_i is ppo.policy_loss of episode i alone, at the current parameters
+    """g_i for every episode: one forward and one backward pass per episode (the definition;
+    speedups.onepass_scores gives g_i . g_val without forming g_i). L_i is ppo.policy_loss of episode i alone, at the current parameters
     (= theta_old when called before the update, where the ratio is 1).
     advantages (N, T). Returns (N, P) fp32, row i = grad of L_i over the LoRA parameters."""
     params = lora_parameters(policy)
     rows = []
     for i in tqdm(range(len(rollouts)), desc="scoring", unit="ep", disable=not progress, leave=False):
         episode = rollouts.select([i])
-        logprobs, _, _ = token_logprobs(policy, episode, temperature)       # (1, T)
+        logprobs, _, _ = token_logprobs(policy, episode, temperature, fast=False)   # (1, T)
         loss_i = policy_loss(logprobs, episode.old_logprobs, advantages[i:i + 1],
                              episode.response_mask, clip_eps)[0]
         rows.append(_flat(torch.autograd.grad(loss_i, params, allow_unused=True), params))
@@ -126,183 +120,16 @@ def influence_scores(episode_grads: torch.Tensor, g_val: torch.Tensor) -> torch.
     return (episode_grads.double() @ g_val.double()).float()
 
 
-def onepass_scores(policy, rollouts: Rollouts, advantages: torch.Tensor, g_val: torch.Tensor, *, clip_eps: float,
-                   temperature: float, batch_size: int = 16) -> torch.Tensor:
-    """s_i = g_i . g_val for every episode from ONE forward and backward of sum_i L_i.
-
-    Derivation. A LoRA layer computes y_t = W0 x_t + s B u_t with u_t = A x_t. With
-    d_t = dL/dy_t, its gradients are dL/dB = s sum_t d_t u_t^T and dL/dA = s sum_t (B^T d_t) x_t^T.
-    Dotting with the matching slices V_B, V_A of g_val:
-        <dL/dB, V_B> = s sum_t d_t^T V_B u_t,      <dL/dA, V_A> = s sum_t (B^T d_t)^T V_A x_t.
-    Episodes are independent rows of the batch, so the rows of d belonging to episode i are
-    exactly dL_i/dy for L = sum_j L_j; summing the terms above over episode i's positions and
-    over layers gives s_i exactly. Hooks record x and d per layer; no per-episode gradient is
-    ever formed. `batch_size` episodes share one forward/backward (memory only).
-    Returns (N,) fp32; equal to influence_scores(episode_gradients(...), g_val) (tested).
-
-    Each batch is one scoring_forward (the forward at theta_old, recording x) followed by its
-    scoring_backward. The shared-pass path (train.py --passes shared) runs all the forwards
-    first and takes the old log-probs and values from them, then the backwards."""
-    scores = []
-    for s in range(0, len(rollouts), batch_size):
-        index = torch.arange(s, min(s + batch_size, len(rollouts)))
-        forward = scoring_forward(policy, rollouts.select(index), temperature)
-        forward.index = index
-        scores.append(scoring_backward(policy, [forward], rollouts.old_logprobs, advantages, g_val, clip_eps=clip_eps))
-    return torch.cat(scores)
-
-
-class ScoringForward:
-    """One batch's forward at theta_old with its graph kept: log pi (with grad), V (detached),
-    and per LoRA layer the input x (recorded now) and, once the backward has run, dL/dy."""
-    def __init__(self, logprobs, values, mask, seen, index=None):
-        self.logprobs, self.values, self.mask, self.seen, self.index = logprobs, values, mask, seen, index
-
-
-def scoring_forward(policy, part: Sequences, temperature: float) -> ScoringForward:
-    """The forward half of onepass_scores for the episodes `part`: token_logprobs with hooks on
-    every LoRA layer recording its input x and registering for its output gradient d."""
-    layers = [m for m in policy.modules() if isinstance(m, LoRALinear)]
-    seen, calls = {}, [0] * len(layers)  # layer index -> [x, d]; forward calls per layer
-
-    def record(k):
-        def hook(module, inputs, output):
-            calls[k] += 1
-            seen[k] = [inputs[0].detach(), None]
-            output.register_hook(lambda grad: seen[k].__setitem__(1, grad))
-        return hook
-
-    handles = [layer.register_forward_hook(record(k)) for k, layer in enumerate(layers)]
-    try:
-        logprobs, values, _ = token_logprobs(policy, part, temperature, share_prompts=False)   # x, d per episode
-    finally:
-        for h in handles:
-            h.remove()
-    check_one_call_per_layer(policy, layers, calls)
-    return ScoringForward(logprobs, values.detach(), part.response_mask, seen)
-
-
-def scoring_backward(policy, forwards: list[ScoringForward], old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                     g_val: torch.Tensor, *, clip_eps: float) -> torch.Tensor:
-    """The backward half of onepass_scores: for each recorded forward (its `index` says which
-    episodes of the buffer it holds), the backward of sum_i L_i, then the contraction of x and
-    d with g_val. Returns the scores of all forwards' episodes in order, (n,) fp32."""
-    scores = []
-    for f in forwards:
-        _episode_loss_backward(policy, f, old_logprobs, advantages, clip_eps)
-        scores.append(_contract(policy, f, g_val))
-        f.seen = None                                                                # x and d: no longer needed
-    return torch.cat(scores)
-
-
-def batch_reference_scores(policy, forwards: list[ScoringForward], old_logprobs: torch.Tensor,
-                           advantages: torch.Tensor, *, clip_eps: float, leave_one_out: bool,
-                           reduce_sum=lambda x: x, n_total: int | None = None) -> torch.Tensor:
-    """DTV's scores from the same forwards: s_i = g_i . r with r = (1/N) sum_j g_j, or with
-    leave_one_out r_i = (sum_j g_j - g_i) / (N - 1), so s_i = (g_i . S - |g_i|^2) / (N - 1).
-    The backward of sum_j L_j that records d also returns S = sum_j g_j as the parameters'
-    gradient: no backward beyond the scoring's own. Every forward's x and d are kept until S is
-    complete. |g_i|^2 is formed per layer from episode i's gradient slices
-    (dL_i/dB = s d_i^T u_i, dL_i/dA = s (d_i B)^T x_i; (n, out, r) and (n, r, in) at a time).
-    Under torchrun `reduce_sum` sums S over ranks and `n_total` is N over all ranks.
-    Returns (n,) fp32 in the forwards' order."""
-    total = None
-    for f in forwards:
-        g = _episode_loss_backward(policy, f, old_logprobs, advantages, clip_eps)
-        total = g if total is None else total + g
-    total = reduce_sum(total)
-    n = sum(len(f.index) for f in forwards) if n_total is None else n_total
-    scores = []
-    for f in forwards:
-        dots = _contract(policy, f, total)
-        if leave_one_out:
-            scores.append((dots.double() - _squared_norms(policy, f)) / max(n - 1, 1))
-        else:
-            scores.append(dots.double() / n)
-        f.seen = None
-    return torch.cat(scores).float()
-
-
 def loop_reference_scores(episode_grads: torch.Tensor, *, leave_one_out: bool, reduce_sum=lambda x: x,
                           n_total: int | None = None) -> torch.Tensor:
-    """DTV's scores from per-episode gradients (N, P): the readable reference of
-    batch_reference_scores (the same arguments, the same result; tested)."""
+    """DTV's scores from per-episode gradients (N, P), s_i = g_i . r (module docstring);
+    speedups.batch_reference_scores gives the same from one pass (tested)."""
     grads = episode_grads.double()
     total = reduce_sum(grads.sum(0))
     n = len(grads) if n_total is None else n_total
     if leave_one_out:
         return ((grads @ total - (grads * grads).sum(-1)) / max(n - 1, 1)).float()
     return (grads @ total / n).float()
-
-
-def _episode_loss_backward(policy, f: ScoringForward, old_logprobs, advantages, clip_eps: float) -> torch.Tensor:
-    """The backward of the forward's summed policy loss sum_i L_i: fills d in f.seen and frees
-    the graph. Returns the parameters' gradient, sum_i g_i over its episodes, flat (P,)."""
-    params = lora_parameters(policy)
-    idx = f.index.to(advantages.device)
-    loss = policy_loss(f.logprobs, old_logprobs[idx], advantages[idx], f.mask, clip_eps).sum()
-    return _flat(torch.autograd.grad(loss, params, allow_unused=True), params)
-
-
-def _lora_slices(policy, vector: torch.Tensor) -> list:
-    """A flat (P,) vector laid out as lora_parameters (A, B of each layer in order), cut into
-    one (V_A, V_B) pair per LoRA layer."""
-    slices, offset = [], 0
-    for layer in (m for m in policy.modules() if isinstance(m, LoRALinear)):
-        a, b = layer.lora_A.numel(), layer.lora_B.numel()
-        slices.append((vector[offset:offset + a].view_as(layer.lora_A),
-                       vector[offset + a:offset + a + b].view_as(layer.lora_B)))
-        offset += a + b
-    return slices
-
-
-@torch.no_grad()
-def _contract(policy, f: ScoringForward, vector: torch.Tensor) -> torch.Tensor:
-    """g_i . vector for the forward's episodes from its recorded x and d. (n,) float64."""
-    layers = [m for m in policy.modules() if isinstance(m, LoRALinear)]
-    part_scores = torch.zeros(len(f.index), device=vector.device, dtype=torch.float64)
-    # Per layer, both terms in two matmuls: x [A; V_A]^T = [u, V_A x] and d [V_B, B] = [V_B^T d, B^T d],
-    # so their elementwise product summed over the last dim is d^T V_B u + (B^T d)^T V_A x.
-    # The matmuls run in the adapters' dtype (fp32); the sums over positions and layers (~10^5 terms of both signs
-    # per episode) are accumulated in float64.
-    for k, (layer, (V_A, V_B)) in enumerate(zip(layers, _lora_slices(policy, vector))):
-        dtype = layer.lora_A.dtype  # fp32 (LoRA weights always are), fp64 in the benchmark's check
-        if f.seen[k][1] is None:    # the layer ran but the loss does not depend on it: adds 0
-            continue
-        x, d = f.seen[k][0].to(dtype), f.seen[k][1].to(dtype)                     # (n, L, in), (n, L, out)
-        left = x @ torch.cat([layer.lora_A, V_A.to(dtype)]).T                    # (n, L, 2r)
-        right = d @ torch.cat([V_B.to(dtype), layer.lora_B], dim=1)              # (n, L, 2r)
-        per_position = (left * right).sum(-1)                                    # (n, L)
-        part_scores += layer.scale * per_position.double().sum(-1)               # sum over positions
-    return part_scores
-
-
-@torch.no_grad()
-def _squared_norms(policy, f: ScoringForward) -> torch.Tensor:
-    """|g_i|^2 for the forward's episodes from its recorded x and d, (n,) float64."""
-    layers = [m for m in policy.modules() if isinstance(m, LoRALinear)]
-    norms = torch.zeros(len(f.index), dtype=torch.float64, device=layers[0].lora_A.device)
-    for k, layer in enumerate(layers):
-        if f.seen[k][1] is None:
-            continue
-        dtype = layer.lora_A.dtype
-        x, d = f.seen[k][0].to(dtype), f.seen[k][1].to(dtype)                     # (n, L, in), (n, L, out)
-        grad_B = layer.scale * torch.einsum("nlo,nlr->nor", d, x @ layer.lora_A.T)  # (n, out, r)
-        grad_A = layer.scale * torch.einsum("nlr,nli->nri", d @ layer.lora_B, x)    # (n, r, in)
-        norms += grad_B.double().square().sum((1, 2)) + grad_A.double().square().sum((1, 2))
-    return norms
-
-
-def check_one_call_per_layer(policy, layers: list, calls: list[int]) -> None:
-    """onepass_scores records one input and one output gradient per LoRA layer and forward
-    pass: a layer that runs twice (weight sharing) would overwrite its first record and give
-    wrong scores, one that never runs has none. Refuse both, naming the layer."""
-    names = {id(m): name for name, m in policy.named_modules()}
-    wrong = [f"{names.get(id(layer), '?')} ran {n} times" for layer, n in zip(layers, calls) if n != 1]
-    if wrong:
-        raise SystemExit(f"--influence-method onepass assumes every LoRA layer runs exactly once per forward pass; "
-                         f"in this model {', '.join(wrong)}. Use --influence-method loop (per-episode gradients "
-                         "by autograd, correct for any model).")
 
 
 def filter_and_reweight(scores: torch.Tensor):

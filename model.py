@@ -21,8 +21,8 @@ Public functions:
     adapters_disabled(model)        context manager: the reference policy pi_ref
     load_reference_adapter(policy, dir) a checkpoint's LoRA tensors as a frozen reference adapter
     lora_parameters(model)          the LoRA tensors in a fixed order (what influence scores use)
-    Policy                          LM + value head: hidden_states, response_hidden_states (the
-                                      samples of one prompt share its forward), logits, forward
+    Policy                          LM + value head: hidden_states, response_hidden_states,
+                                      logits, token_logprobs (log_softmax and gather), value
     save_adapter(policy, dir, lora), load_adapter(policy, dir, with_value_head=True),
     read_adapter_config(dir)        checkpoints of the trainable tensors (safetensors + JSON)
     eos_token_ids(tokenizer)        the token ids that end a response
@@ -122,6 +122,13 @@ def adapters_disabled(model: nn.Module):
             m.enabled = was
 
 
+def trim_left_padding(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+    """Drop the prompt columns that are padding in every row (left padding): less work, the
+    same numbers, since positions and attention come from the mask."""
+    start = int(prompt_mask.any(0).long().argmax())
+    return prompt_ids[:, start:], prompt_mask[:, start:]
+
+
 def lora_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The LoRA tensors (A then B of each layer, in module order): the parameters theta over
     which gradients are dotted for influence scores (our choice: adapters only)."""
@@ -171,37 +178,25 @@ class Policy(nn.Module):
                                     position_ids=position_ids, use_cache=False)
         return out.last_hidden_state[:, -n_last:]
 
-    def response_hidden_states(self, prompt_ids, prompt_mask, response_ids, response_mask,
-                               share_prompts: bool = True) -> torch.Tensor:
+    def response_hidden_states(self, prompt_ids, prompt_mask, response_ids, response_mask) -> torch.Tensor:
         """The final hidden states that predict each response token, (N, T, H): position P-1+t
-        of prompt + response for token t (prompts left-padded, responses right-padded).
+        of prompt + response for token t (prompts left-padded, responses right-padded), one
+        forward per row. (speedups.shared_prompt_hidden_states: the samples of one prompt share
+        its forward, the same numbers.)"""
+        prompt_ids, prompt_mask = trim_left_padding(prompt_ids, prompt_mask)
+        input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
+        return self.hidden_states(input_ids, attention_mask, n_last=response_ids.shape[1] + 1)[:, :-1]
 
-        With `share_prompts`, rows whose prompts are equal (the samples of one prompt) share
-        that prompt's forward. Under causal attention a prompt's states do not depend on what
-        follows it, so its keys and values are computed once, copied to each of its rows for
-        the responses' forward, and the backward sums what the rows send back to it: the same
-        numbers and gradients as one forward per row (tests/test_logprobs.py), with the prompt's
-        tokens computed once instead of once per sample. rollout.sample shares the prefill the
-        same way. Where no two prompts are equal it is the one forward per row."""
-        T = response_ids.shape[1]
-        rows = torch.cat([prompt_ids, prompt_mask.long()], dim=1)
-        unique, row_of = torch.unique(rows, dim=0, return_inverse=True)           # U distinct prompts
-        if not share_prompts or len(unique) == len(rows):
-            input_ids = torch.cat([prompt_ids, response_ids], dim=1)
-            attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
-            return self.hidden_states(input_ids, attention_mask, n_last=T + 1)[:, :-1]
-        from transformers import DynamicCache
-        ids, mask = unique[:, :prompt_ids.shape[1]], unique[:, prompt_ids.shape[1]:]
-        position = (mask.cumsum(-1) - 1).clamp(min=0)
-        decoder, cache = self.lm.get_decoder(), DynamicCache()
-        prompts = decoder(input_ids=ids, attention_mask=mask, position_ids=position, cache=cache, use_cache=True)
-        cache.reorder_cache(row_of)                                                 # U prompts -> N rows
-        position = position[row_of, -1:] + 1 + torch.arange(T, device=ids.device)  # (N, T)
-        attention_mask = torch.cat([mask[row_of], response_mask.long()], dim=1)
-        responses = decoder(input_ids=response_ids, attention_mask=attention_mask, position_ids=position,
-                            cache=cache, use_cache=True)
-        # The prompt's last position predicts response token 0; response position t predicts t + 1.
-        return torch.cat([prompts.last_hidden_state[row_of, -1:], responses.last_hidden_state[:, :-1]], dim=1)
+    def token_logprobs(self, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float,
+                       with_entropy: bool = False):
+        """log pi(a_t | s_t) = log_softmax(logits_t / temperature)[a_t] of the tokens (N, T) from
+        the hidden states before them (N, T, H), and the entropy of pi(. | s_t) if asked (else
+        None); (N, T) fp32 each."""
+        logp_all = torch.log_softmax(self.logits(hidden) / temperature, dim=-1)        # (N, T, V)
+        logprobs = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)               # (N, T)
+        entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None       # (N, T)
+        return logprobs, entropy
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits from hidden states, fp32, with Gemma's soft-capping if configured."""

@@ -12,6 +12,7 @@ Public functions:
     sample(lm, prompt_ids, prompt_mask, ...)         -> (tokens, sampler log-probs): temperature sampling
     plain_generate(lm, ids, mask, config)            generate() with no logits processor but `config`'s
     token_logprobs(policy, seqs, temperature)        -> (logprobs, values, entropy or None), (N, T)
+    old_and_reference_logprobs(policy, seqs, ...)    -> log pi_old, V_old, log pi_ref in no-grad batches
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from tqdm import tqdm
 from transformers import DynamicCache, GenerationConfig
 
+import speedups
 from model import adapters_disabled, eos_token_ids
 
 
@@ -98,90 +100,22 @@ def encode_pairs(tokenizer, prompts: list[str], responses: list[str], device="cp
     return Sequences(prompt_ids.to(device), prompt_mask.to(device), response_ids.to(device), response_mask.to(device))
 
 
-def token_logprobs(policy, seqs: Sequences, temperature: float = 1.0, with_entropy: bool = False,
-                   lean: bool = True, share_prompts: bool = True):
+def token_logprobs(policy, seqs: Sequences, temperature: float = 1.0, with_entropy: bool = False, fast: bool = True):
     """log pi(a_t | s_t) of each response token, the value V(s_t) of the state before it, and
     (if `with_entropy`, else None) the entropy of pi(. | s_t); logits are divided by
     `temperature` (that is the distribution the tokens were sampled from). Returns (N, T) fp32
     tensors, zero outside the mask. Gradients flow if called with grad enabled.
-
-    lean=True (the default) applies the LM head only at real response tokens, in chunks, and
-    recomputes those logits in the backward pass (TargetLogProb), so memory grows with the
-    number of response tokens times the chunk, never with N x T x vocabulary. lean=False is
-    the plain reference: full logits, log_softmax, gather (tests check the two agree).
-    share_prompts=True (the default) runs the forward of a prompt once for all its samples in
-    `seqs` (Policy.response_hidden_states: the same numbers, fewer tokens); the influence
-    scoring's forward turns it off, as its hooks need one row of every layer per episode."""
-    # Drop prompt columns that are padding in every row (cheaper; positions come from the mask).
-    start = int(seqs.prompt_mask.any(0).long().argmax())
-    prompt_ids, prompt_mask = seqs.prompt_ids[:, start:], seqs.prompt_mask[:, start:]
+    As defined: one forward per sequence, then log_softmax and gather over the full logits.
+    `fast` (--speedups on, the default) gives the same numbers from less work
+    (speedups.token_logprobs: the samples of a prompt share its forward, and the LM head runs
+    only at response tokens, never holding (N, T, vocabulary) logits)."""
+    if fast:
+        return speedups.token_logprobs(policy, seqs, temperature, with_entropy)
     mask = seqs.response_mask
-    hidden = policy.response_hidden_states(prompt_ids, prompt_mask, seqs.response_ids, mask,
-                                           share_prompts=share_prompts)            # (N, T, H)
-    values = policy.value(hidden) * mask                                             # (N, T)
-    if lean and policy.softcap is None:
-        where = mask.bool()
-        weight = policy.lm.get_output_embeddings().weight                             # (V, H), frozen
-        lp, ent = TargetLogProb.apply(hidden[where], weight, seqs.response_ids[where], temperature,
-                                      with_entropy)                                   # (M,) each
-        logprobs = torch.zeros_like(mask).masked_scatter(where, lp)
-        entropy = torch.zeros_like(mask).masked_scatter(where, ent) if with_entropy else None
-        return logprobs, values, entropy
-    logp_all = torch.log_softmax(policy.logits(hidden) / temperature, dim=-1)        # (N, T, V)
-    logprobs = logp_all.gather(-1, seqs.response_ids.unsqueeze(-1)).squeeze(-1)      # (N, T)
-    entropy = -(logp_all.exp() * logp_all).sum(-1) * mask if with_entropy else None  # (N, T)
-    return logprobs * mask, values, entropy
-
-
-LOGIT_CHUNK = 256  # positions per LM-head chunk: peak extra memory is 3 x 256 x vocab floats
-
-
-class TargetLogProb(torch.autograd.Function):
-    """For M hidden states h (M, H), a frozen LM head W (V, H) and targets a (M,):
-        z = h W^T / temperature,  log p(a) = z_a - logsumexp(z),  H = -sum_k p_k log p_k.
-    Computed LOGIT_CHUNK rows at a time; backward recomputes z per chunk, using
-        d log p(a) / dz = onehot(a) - p,   dH / dz = -p (log p + H),   dh = (dz / temperature) W.
-    The entropy is computed only `with_entropy` (else returned as None), and its gradient term
-    only when the loss uses it: each is several passes over a (chunk, vocabulary) block, and
-    the LM head is most of a small model's cost per response token. The (chunk, vocabulary)
-    blocks are updated in place where that gives the same numbers bit for bit."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, with_entropy):
-        if weight.requires_grad:
-            raise ValueError("TargetLogProb assumes a frozen LM head (it returns no weight gradient)")
-        logp = torch.empty(len(targets), device=hidden.device)
-        entropy = torch.empty(len(targets), device=hidden.device) if with_entropy else None
-        for s in range(0, len(targets), LOGIT_CHUNK):
-            e = s + LOGIT_CHUNK
-            logq = torch.log_softmax((hidden[s:e] @ weight.T).float().div_(temperature), dim=-1)   # (c, V)
-            logp[s:e] = logq.gather(-1, targets[s:e, None]).squeeze(-1)
-            if with_entropy:
-                entropy[s:e] = -(logq.exp() * logq).sum(-1)
-        ctx.save_for_backward(hidden, weight, targets, entropy)
-        ctx.temperature = temperature
-        ctx.set_materialize_grads(False)   # an output the loss does not use: its gradient is None, not zeros
-        return logp, entropy
-
-    @staticmethod
-    def backward(ctx, grad_logp, grad_entropy):
-        hidden, weight, targets, entropy = ctx.saved_tensors
-        grad_hidden = torch.zeros_like(hidden)
-        for s in range(0, len(targets), LOGIT_CHUNK):
-            e = s + LOGIT_CHUNK
-            logq = torch.log_softmax((hidden[s:e] @ weight.T).float().div_(ctx.temperature), dim=-1)   # (c, V)
-            if grad_entropy is None:                        # log p(a) only: -p g + onehot(a) g, in place
-                grad_z = logq.exp_().mul_(-grad_logp[s:e, None])
-                grad_z.scatter_add_(-1, targets[s:e, None], grad_logp[s:e, None])
-            else:
-                p = logq.exp()
-                grad_z = torch.zeros_like(p)
-                if grad_logp is not None:
-                    grad_z -= p * grad_logp[s:e, None]
-                    grad_z.scatter_add_(-1, targets[s:e, None], grad_logp[s:e, None])
-                grad_z -= grad_entropy[s:e, None] * p * (logq + entropy[s:e, None])
-            grad_hidden[s:e] = (grad_z.div_(ctx.temperature).to(weight.dtype) @ weight).to(hidden.dtype)
-        return grad_hidden, None, None, None, None
+    hidden = policy.response_hidden_states(seqs.prompt_ids, seqs.prompt_mask, seqs.response_ids, mask)  # (N, T, H)
+    values = policy.value(hidden) * mask                                                               # (N, T)
+    logprobs, entropy = policy.token_logprobs(hidden, seqs.response_ids, temperature, with_entropy)    # (N, T)
+    return logprobs * mask, values, None if entropy is None else entropy * mask
 
 
 def plain_generate(lm, input_ids, attention_mask, config: GenerationConfig) -> torch.Tensor:
@@ -243,10 +177,10 @@ def sample(lm, prompt_ids, prompt_mask, *, n_samples: int, max_new_tokens: int, 
 @torch.no_grad()
 def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, max_new_tokens: int,
                       temperature: float, seed: int, batch_size: int = 16, progress: bool = True,
-                      old: bool = True, reference: bool = True) -> Rollouts:
+                      old: bool = True, reference: bool = True, fast: bool = True) -> Rollouts:
     """Sample `n_samples` responses to each prompt (pure temperature sampling, KV cache), then
-    record old log-probs and values with one forward pass (only if `old`: with --passes shared
-    train.py takes them from the influence scoring's forward instead), and reference log-probs
+    record old log-probs and values with one forward pass (only if `old`: with --speedups all
+    train.py takes them from a forward at theta_old that runs anyway), and reference log-probs
     with a second (only if `reference`: train.py skips it when the KL penalty is 0, since
     nothing else uses them). What is not computed is None.
 
@@ -290,24 +224,24 @@ def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, 
                         truncated=truncated, prompt_index=[i // n_samples for i in range(N)], responses=texts,
                         sampler_logprobs=(sampler_logprobs.to(device) * response_mask.to(device)))
     if old or reference:
-        rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = _score_tokens(policy, rollouts, temperature,
-                                                                                      batch_size, reference, old)
+        rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_reference_logprobs(
+            policy, rollouts, temperature, batch_size, reference, old, fast)
     return rollouts
 
 
 @torch.no_grad()
-def _score_tokens(policy, seqs: Sequences, temperature: float, batch_size: int, reference: bool = True,
-                  old: bool = True):
-    """If `old`, old log-probs and values (adapters on); if `reference`, reference log-probs
-    (adapters off). Batched; what is not computed is None."""
+def old_and_reference_logprobs(policy, seqs: Sequences, temperature: float, batch_size: int, reference: bool = True,
+                               old: bool = True, fast: bool = True):
+    """If `old`, log pi_old and V_old (adapters on); if `reference`, log pi_ref (adapters off).
+    Batched; what is not computed is None."""
     olds, values, ref = [], [], []
     for s in range(0, len(seqs), batch_size):
         part = seqs.select(range(s, min(s + batch_size, len(seqs))))
         if old:
-            lp, v, _ = token_logprobs(policy, part, temperature)
+            lp, v, _ = token_logprobs(policy, part, temperature, fast=fast)
             olds.append(lp), values.append(v)
         if reference:
             with adapters_disabled(policy):
-                ref.append(token_logprobs(policy, part, temperature)[0])
+                ref.append(token_logprobs(policy, part, temperature, fast=fast)[0])
     cat = lambda xs: torch.cat(xs) if xs else None   # noqa: E731
     return cat(olds), cat(values), cat(ref)

@@ -43,9 +43,8 @@ from data import load_task, make_prompt
 from distributed import Dist
 from distributed import setup as setup_distributed
 from evaluate import evaluate
-from influence import (batch_reference_scores, binary_filter, detection_auc, dtv_filter, episode_gradients,
-                       filter_and_reweight, influence_scores, loop_reference_scores, onepass_scores, random_filter,
-                       scoring_backward, scoring_forward, sft_nll, validation_gradient)
+from influence import (binary_filter, detection_auc, dtv_filter, episode_gradients, filter_and_reweight,
+                       influence_scores, loop_reference_scores, random_filter, sft_nll, validation_gradient)
 from model import adapters_disabled, inspect_model, load_adapter, load_policy, load_reference_adapter
 from ppo import (approx_kl, clip_fraction, explained_variance, gae, group_advantages, kl_penalized_rewards, masked_mean,
                  policy_loss, value_loss, whiten)
@@ -54,6 +53,8 @@ from reasoning import LABELS
 from reasoning import label as reasoning_label
 from reward import extract_answer, is_correct, reward_fn
 from rollout import Rollouts, encode_pairs, generate_rollouts, token_logprobs
+from speedups import (batch_reference_scores, onepass_scores, reused_forward, scoring_backward, scoring_forward,
+                      theta_old_forwards)
 from rundir import (append_jsonl, commit_iteration, last_good_checkpoint_on_fault, latest_checkpoint, open_run_dir,
                     pin_init_adapter, resolve_checkpoint, restore_run, unlock_run_dir, write_atomic)
 
@@ -75,18 +76,15 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
     examples = [train_examples[i] for i in batch_indices(len(train_examples), it, cfg.prompts_per_iter, cfg.seed)]
     examples = examples[slice(*dist.share(len(examples)))]  # this rank's prompts (all of them in one process)
 
-    shared = shared_forward(cfg)   # None by default: the algorithm box as written
+    reuse = reused_forward(cfg.speedups, cfg.influence == "on", one_minibatch(cfg))   # None unless --speedups all
     with timer("rollout"):   # the samples, then log pi_old, V_old (and log pi_ref at beta > 0) in a no-grad pass
         rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                      temperature=cfg.temperature, seed=derived_seed(cfg.seed, it, SAMPLING, dist.rank),
-                                     batch_size=cfg.gen_batch_size, progress=cfg.progress,
-                                     old=shared is None, reference=cfg.kl_beta > 0 and shared is None)
+                                     batch_size=cfg.gen_batch_size, progress=cfg.progress, fast=cfg.speedups != "off",
+                                     old=reuse is None, reference=cfg.kl_beta > 0 and reuse is None)
         golds = [examples[j].gold for j in rollouts.prompt_index]
-    forwards = None
-    if shared is not None:   # --passes shared (opt-in): pi_old and V_old from a forward that runs anyway
-        with timer("shared_forward"):
-            forwards = theta_old_forwards(it, cfg, policy, rollouts, shared == "scoring", dist)
+    forwards = reuse and reused_forwards(it, cfg, policy, rollouts, reuse, timer, dist)   # --speedups all
     require_finite(it, "rollout", old_logprobs=rollouts.old_logprobs, values=rollouts.values,
                    ref_logprobs=rollouts.ref_logprobs)
     drift = sampler_drift(rollouts, next(policy.lm.parameters()).dtype, dist)   # the sampler's log-probs vs pi_old
@@ -106,7 +104,7 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
 
     with timer("influence"):
         buf.keep, buf.weights, influence = select_episodes(it, cfg, policy, buf, val_seqs, dist,
-                                                            forwards if shared == "scoring" else None)
+                                                            forwards if reuse == "scoring" else None)
         n_kept = int(dist.sum(buf.keep.sum()))                                           # |D'| over all ranks
         if cfg.rewhiten_kept and n_kept > 0:   # the kept set's w-weighted mean advantage back to 0
             buf.advantages = whiten(buf.advantages, buf.rollouts.response_mask, reduce_sum=dist.sum,
@@ -115,7 +113,7 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
     with timer("update"):
         if n_kept > 0:
             update = ppo_update(it, cfg, policy, optimizer, buf, dist,
-                                first_forwards=forwards if shared == "update" else None, sft_seqs=val_seqs)
+                                first_forwards=forwards if reuse == "update" else None, sft_seqs=val_seqs)
         else:
             update = {"skipped": True}
 
@@ -170,7 +168,7 @@ def compute_advantages(cfg: Config, buf: Buffer, dist: Dist = SINGLE):
 
 def select_episodes(it, cfg: Config, policy, buf: Buffer, val_seqs, dist: Dist = SINGLE, forwards=None):
     """Influence scores at theta_old and the kept set D' with its weights, from buf.rollouts and
-    buf.advantages (`forwards`: the scoring forwards already run, --passes shared; their
+    buf.advantages (`forwards`: the scoring forwards already run, --speedups all; their
     backwards give the scores).
     Returns (keep (N,) bool, weights (N,), metrics dict) for this rank's episodes; the filter
     and the weight normalisation (mean score over the kept episodes) see all ranks' scores."""
@@ -207,13 +205,14 @@ def validation_scores(it, cfg: Config, policy, rollouts, advantages, val_seqs, d
     # g_val over the whole validation set: each rank's share divided by the token count of all shares, summed.
     n_val_tokens = dist.sum(val_seqs.response_mask.sum())
     g_val = dist.sum(validation_gradient(policy, val_seqs, cfg.val_batch_size, progress=cfg.progress,
-                                         n_tokens=n_val_tokens, temperature=cfg.temperature))         # (P,)
+                                         n_tokens=n_val_tokens, temperature=cfg.temperature,
+                                         fast=cfg.speedups != "off"))                                  # (P,)
     require_finite(it, "influence", g_val=g_val)
-    if cfg.influence_method == "loop":
+    if cfg.speedups == "off":   # the definition: g_i by a backward per episode
         grads = episode_gradients(policy, rollouts, advantages, clip_eps=cfg.clip_eps,
                                   temperature=cfg.temperature, progress=cfg.progress)                # (N, P)
         return influence_scores(grads, g_val), g_val                                                  # (N,)
-    if forwards is not None:
+    if forwards is not None:   # --speedups all: the scoring forward already ran (reused_forwards)
         return scoring_backward(policy, forwards, rollouts.old_logprobs, advantages, g_val, clip_eps=cfg.clip_eps), g_val
     return onepass_scores(policy, rollouts, advantages, g_val, clip_eps=cfg.clip_eps,
                           temperature=cfg.temperature, batch_size=cfg.micro_batch_size), g_val       # (N,)
@@ -223,7 +222,7 @@ def batch_scores(cfg: Config, policy, rollouts, advantages, dist: Dist = SINGLE,
     """DTV's validation-free scores (--reference batch | batch-loo) for this rank's episodes:
     g_i . the mean gradient of all ranks' episodes (without episode i for batch-loo)."""
     loo, n_total = cfg.reference == "batch-loo", int(dist.sum(torch.tensor(float(len(rollouts)), device=advantages.device)))
-    if cfg.influence_method == "loop":
+    if cfg.speedups == "off":
         grads = episode_gradients(policy, rollouts, advantages, clip_eps=cfg.clip_eps,
                                   temperature=cfg.temperature, progress=cfg.progress)                # (N, P)
         return loop_reference_scores(grads, leave_one_out=loo, reduce_sum=dist.sum, n_total=n_total)
@@ -250,8 +249,8 @@ def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, dist: Dist = SIN
     every rank draws the same shuffle of all episodes, works on its own episodes of each
     minibatch, and the gradients are summed over ranks before the step, so K ranks take the
     steps one process would.
-    `first_forwards` (train.theta_old_forwards, --passes shared): the first step's forward over
-    every episode, already run at theta_old; only its backward is left.
+    `first_forwards` (--speedups all, reused_forwards): the first step's forward over every
+    episode, already run at theta_old; only its backward is left.
     With --sft-coef c > 0 every step's loss also has c times the mean NLL of a batch of
     `sft_seqs`, the validation solutions (sft_term): the PPO-plus-SFT control."""
     rollouts, advantages, returns, keep, weights = buf.rollouts, buf.advantages, buf.returns, buf.keep, buf.weights
@@ -277,7 +276,8 @@ def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, dist: Dist = SIN
         if step == 0 and first_forwards is not None:   # every episode, forward already run at theta_old
             forwards = ((f.index, f.logprobs, f.values, f.entropy) for f in first_forwards)
         else:                                          # (n, T) each, one micro-batch at a time
-            forwards = ((micro, *token_logprobs(policy, rollouts.select(micro), cfg.temperature, with_entropy=True))
+            forwards = ((micro, *token_logprobs(policy, rollouts.select(micro), cfg.temperature, with_entropy=True,
+                                                fast=cfg.speedups != "off"))
                         for micro in chunks(minibatch, cfg.micro_batch_size))
         for micro, logprobs, values, entropy in forwards:
             part = rollouts.select(micro)
@@ -368,73 +368,22 @@ def clip_and_step(it: int, cfg: Config, policy, optimizer) -> float:
     return grad_norm.item()
 
 
-# ----------------------------------------------------------------------------- --passes shared
-#
-# An opt-in speed-up, out of the algorithm's way: with --passes shared, log pi_old and V_old
-# are not computed by a no-grad pass of their own where a forward at theta_old that runs
-# anyway gives the same numbers. That forward keeps its graph; the rewards and advantages are
-# made from its detached outputs; then its backward runs. With influence on (one-pass) it is
-# the scoring's forward, and its backward gives the scores; with influence off and one
-# minibatch of every episode, it is the update's first forward, and its backward is the first
-# optimizer step's (at theta_old, where the ratio is 1). tests/test_passes.py checks that a
-# run is the same either way; docs/shortcuts.md gives what it saves and what it costs in memory.
-
-def shared_forward(cfg: Config) -> str | None:
-    """Which forward gives pi_old and V_old under --passes shared: "scoring", "update", or None
-    (the plain path: generate_rollouts' no-grad pass, always under --passes separate)."""
-    if cfg.passes != "shared":
-        return None
-    if cfg.influence == "on" and cfg.influence_method == "onepass":
-        return "scoring"
-    if cfg.influence == "off" and cfg.minibatch_size >= cfg.prompts_per_iter * cfg.samples_per_prompt:
-        return "update"
-    return None
+def one_minibatch(cfg: Config) -> bool:
+    """Does the update's one minibatch hold every episode of the iteration?"""
+    return cfg.minibatch_size >= cfg.prompts_per_iter * cfg.samples_per_prompt
 
 
-@dataclasses.dataclass
-class UpdateForward:
-    """The update's first forward over some episodes, run ahead of the advantages (graphs kept)."""
-    index: torch.Tensor      # (n,) which episodes of the batch
-    logprobs: torch.Tensor   # (n, T) log pi_theta at theta_old
-    values: torch.Tensor     # (n, T) V_theta at theta_old
-    entropy: torch.Tensor    # (n, T)
-
-
-def theta_old_forwards(it: int, cfg: Config, policy, rollouts, scoring: bool, dist: Dist = SINGLE) -> list:
-    """--passes shared: the forward at theta_old over all episodes, --micro-batch-size at a time,
-    graphs kept: the influence scoring's (influence.scoring_forward, which records each LoRA
-    layer's input) if `scoring`, else the update's first (an UpdateForward per micro-batch, in the
-    order of the first minibatch, so that the first step sums its micro-batches exactly as
-    ppo_update would). Sets rollouts.old_logprobs and rollouts.values from their detached
-    outputs: the numbers the separate no-grad pass would give. At --kl-beta > 0 it also sets
-    rollouts.ref_logprobs, adapters off, over the same micro-batches: log pi_old - log pi_ref is
-    then exactly 0 where the adapters equal the reference (iteration 1), as in the separate pass,
-    not rounding noise from batches of other shapes (which the whitening would blow up into
-    advantages, and the filter into kept episodes, when every reward is equal)."""
-    order = torch.arange(len(rollouts))
-    if not scoring:   # every episode is kept (no influence): the first minibatch holds them all
-        every = torch.ones(len(rollouts), dtype=torch.bool, device=rollouts.response_mask.device)
-        order = minibatch_plan(it, cfg, every, every, dist)[0][-1]
-    forwards, ref = [], []
-    for index in chunks(order, cfg.micro_batch_size):
-        part = rollouts.select(index)
-        if cfg.kl_beta > 0:   # in the forward's own shape (the scoring's shares no prompt), as said above
-            with torch.no_grad(), adapters_disabled(policy):
-                ref.append(token_logprobs(policy, part, cfg.temperature, share_prompts=not scoring)[0])
-        if scoring:
-            forward = scoring_forward(policy, part, cfg.temperature)
-            forward.index = index
-        else:
-            forward = UpdateForward(index, *token_logprobs(policy, part, cfg.temperature, with_entropy=True))
-        forwards.append(forward)
-    index = torch.cat([f.index for f in forwards]).to(rollouts.response_mask.device)
-    rollouts.old_logprobs = torch.zeros_like(rollouts.response_mask).index_copy(
-        0, index, torch.cat([f.logprobs.detach() for f in forwards]))                   # (N, T)
-    rollouts.values = torch.zeros_like(rollouts.response_mask).index_copy(
-        0, index, torch.cat([f.values.detach() for f in forwards]))                     # (N, T)
-    if ref:
-        rollouts.ref_logprobs = torch.zeros_like(rollouts.response_mask).index_copy(0, index, torch.cat(ref))
-    return forwards
+def reused_forwards(it: int, cfg: Config, policy, rollouts, reuse: str, timer, dist: Dist = SINGLE) -> list:
+    """--speedups all: log pi_old and V_old (and log pi_ref) from the forward at theta_old that
+    `reuse` names, run ahead with its graph kept (speedups.theta_old_forwards): the scoring's
+    over the episodes in order, or the update's first over its first minibatch."""
+    with timer("shared_forward"):
+        order = torch.arange(len(rollouts))
+        if reuse == "update":   # every episode is kept (no influence): the first minibatch holds them all
+            every = torch.ones(len(rollouts), dtype=torch.bool, device=rollouts.response_mask.device)
+            order = minibatch_plan(it, cfg, every, every, dist)[0][-1]
+        return theta_old_forwards(policy, rollouts, order, batch_size=cfg.micro_batch_size, temperature=cfg.temperature,
+                                  scoring=reuse == "scoring", reference=cfg.kl_beta > 0)
 
 
 def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_examples, timer,

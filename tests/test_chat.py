@@ -31,7 +31,7 @@ def taught(chat_dir):
     opt = torch.optim.Adam(params, lr=3e-3)
     for _ in range(60):
         opt.zero_grad()
-        logprobs, _, _ = token_logprobs(policy, seqs, lean=False)   # lean needs a frozen LM head
+        logprobs, _, _ = token_logprobs(policy, seqs, fast=False)   # lean needs a frozen LM head
         (-(logprobs * seqs.response_mask).sum() / seqs.response_mask.sum()).backward()
         opt.step()
     for p in params:

@@ -188,10 +188,9 @@ def test_resume_takes_iterations_even_at_the_default_value_and_names_what_it_ign
     (["--advantage", "grpo", "--value-clip-eps", "0.2"], ("--value-clip-eps", "--advantage grpo")),
     (["--advantage", "grpo", "--value-lr", "1e-3"], ("--value-lr", "--advantage grpo")),
     (["--influence", "off", "--stop-below-kept", "0.1"], ("--stop-below-kept", "--influence off")),
-    (["--influence", "off", "--influence-method", "loop"], ("--influence-method", "--influence off")),
     (["--random-filter", "--reweight"], ("--reweight", "--random-filter")),
     (["--random-filter", "--no-reweight"], ("--reweight", "--random-filter")),
-    (["--influence-method", "loop", "--passes", "shared"], ("--passes", "--influence-method loop")),
+    (["--algo", "sft", "--sft-data", "val", "--sft-coef", "1"], ("--sft-coef",)),
 ])
 def test_flags_that_would_do_nothing_are_refused_naming_both(argv, named):
     with pytest.raises(SystemExit) as err:
@@ -201,7 +200,7 @@ def test_flags_that_would_do_nothing_are_refused_naming_both(argv, named):
 
 def test_the_same_flags_where_they_act_are_accepted():
     for argv in (["--vf-coef", "0.5", "--gamma", "1.0"], ["--stop-below-kept", "0.1"], ["--no-reweight"],
-                 ["--influence-method", "loop"], ["--advantage", "grpo", "--passes", "separate"]):
+                 ["--speedups", "off"], ["--advantage", "grpo", "--speedups", "all"]):
         parse_config(argv)
 
 

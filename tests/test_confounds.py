@@ -10,10 +10,10 @@ import torch
 
 import train
 from config import Config, parse_config
-from influence import (batch_reference_scores, dtv_filter, episode_gradients, loop_reference_scores,
-                       scoring_forward)
+from influence import dtv_filter, episode_gradients, loop_reference_scores
 from model import lora_parameters
 from rollout import token_logprobs
+from speedups import batch_reference_scores, scoring_forward
 from test_influence import TEMPERATURE, make_buffer
 
 
@@ -53,7 +53,7 @@ def test_two_pass_batch_reference_of_the_gsm8k_probe_equals_the_oracle(buffer, m
     then the one-pass contraction with it) so that no episode's forward is kept alive."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
     import filter_signal
-    from influence import onepass_scores
+    from speedups import onepass_scores
     policy, _, rollouts, advantages = buffer
     grads = episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE).double()
     mean_g = filter_signal.mean_episode_gradient(policy, rollouts, advantages, clip_eps=0.2,
@@ -169,9 +169,9 @@ def test_a_dtv_run_scores_the_same_by_loop_and_by_one_pass(tiny_dir, tmp_path, r
     import json
     from test_train import SMALL
     runs = {}
-    for method in ("loop", "onepass"):
+    for method, speedups in (("loop", "off"), ("onepass", "on")):
         run = train.main(["--model", tiny_dir, *SMALL, "--iterations", "1", "--eval-every", "0", "--lr", "1e-2",
-                          "--kl-beta", "0", "--reference", reference, "--influence-method", method,
+                          "--kl-beta", "0", "--reference", reference, "--speedups", speedups,
                           "--run-dir", str(tmp_path / method)])
         runs[method] = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
     loop, onepass = ([e["score"] for e in runs[m]] for m in ("loop", "onepass"))

@@ -10,7 +10,8 @@ import torch
 
 import evaluate
 import train
-from influence import episode_gradients, influence_scores, onepass_scores, validation_gradient
+from influence import episode_gradients, influence_scores, validation_gradient
+from speedups import onepass_scores
 from model import LoRALinear, load_policy, lora_parameters, pick_device_and_dtype
 from rollout import encode_pairs
 from test_influence import TEMPERATURE, make_buffer

@@ -6,7 +6,7 @@ from influence import (binary_filter, episode_gradients, filter_and_reweight, in
                        sft_nll, validation_gradient)
 from model import load_policy, lora_parameters
 from ppo import policy_loss
-from rollout import _score_tokens, encode_pairs, generate_rollouts, token_logprobs
+from rollout import encode_pairs, generate_rollouts, old_and_reference_logprobs, token_logprobs
 
 TEMPERATURE = 0.8
 
@@ -26,7 +26,7 @@ def make_buffer(tiny_dir, dtype: str = "auto", rollouts=None):
         for i, length in enumerate([9, 4, 1, 7, 9, 2]):
             rollouts.response_mask[i, length:] = 0
             rollouts.response_ids[i, length:] = tok.pad_token_id
-    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = _score_tokens(policy, rollouts, TEMPERATURE, 4)
+    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_reference_logprobs(policy, rollouts, TEMPERATURE, 4)
     advantages = torch.randn(rollouts.response_mask.shape, generator=g) * rollouts.response_mask
     return policy, tok, rollouts, advantages
 
@@ -68,7 +68,7 @@ class EpisodeLoss(torch.nn.Module):
         self.policy = policy
 
     def forward(self, episode, advantages):
-        lp, _, _ = token_logprobs(self.policy, episode, TEMPERATURE, lean=False)  # plain path: torch.func-able
+        lp, _, _ = token_logprobs(self.policy, episode, TEMPERATURE, fast=False)  # plain path: torch.func-able
         return policy_loss(lp, episode.old_logprobs, advantages, episode.response_mask, 0.2)[0]
 
 
@@ -121,7 +121,7 @@ def test_binary_and_random_filters_keep_the_same_count():
 
 
 def test_onepass_scores_equal_loop_scores(buffer):
-    from influence import onepass_scores
+    from speedups import onepass_scores
     policy, tok, rollouts, advantages = buffer
     val = encode_pairs(tok, ["Q: 2+2?", "Q: 10-3?"], ["#### 4", "10 - 3 = 7\n#### 7"])
     g_val = validation_gradient(policy, val)
@@ -136,14 +136,14 @@ def test_onepass_scores_equal_loop_scores(buffer):
 def test_onepass_refuses_a_lora_layer_that_runs_twice_or_never(buffer, monkeypatch):
     """The one-pass hooks keep one input and one output gradient per layer and forward pass:
     weight sharing (a layer run twice) or a skipped layer must be refused, not scored wrongly."""
-    from influence import onepass_scores
+    from speedups import onepass_scores
     policy, tok, rollouts, advantages = buffer
     val = encode_pairs(tok, ["Q: 2+2?"], ["#### 4"])
     layers = policy.lm.model.layers
     # Weight sharing: decoder layer 1 calls layer 0's q_proj (and its adapter).
     monkeypatch.setattr(layers[1].self_attn, "q_proj", layers[0].self_attn.q_proj)
     g_val = validation_gradient(policy, val)
-    with pytest.raises(SystemExit, match=r"layers\.0\.self_attn\.q_proj ran 2 times.*--influence-method loop"):
+    with pytest.raises(SystemExit, match=r"layers\.0\.self_attn\.q_proj ran 2 times.*--speedups off"):
         onepass_scores(policy, rollouts, advantages, g_val, clip_eps=0.2, temperature=TEMPERATURE)
     assert episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE).shape[0] == 6
     monkeypatch.undo()

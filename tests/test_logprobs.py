@@ -3,7 +3,7 @@ the plain full-vocabulary log_softmax + gather."""
 import pytest
 import torch
 
-import rollout
+import speedups
 from model import load_policy, lora_parameters
 from rollout import encode_pairs, token_logprobs
 
@@ -14,7 +14,7 @@ def test_lean_logprobs_equal_plain_and_so_do_gradients(tiny_dir, monkeypatch, ch
     """Each backward branch of TargetLogProb: the loss through log p only (the in-place one; also
     when the entropy is computed but only logged, as in the update at --ent-coef 0), through the
     entropy only, through both."""
-    monkeypatch.setattr(rollout, "LOGIT_CHUNK", chunk)
+    monkeypatch.setattr(speedups, "LOGIT_CHUNK", chunk)
     policy, tok = load_policy(tiny_dir, quiet=True)
     with torch.no_grad():
         for p in lora_parameters(policy):
@@ -24,7 +24,10 @@ def test_lean_logprobs_equal_plain_and_so_do_gradients(tiny_dir, monkeypatch, ch
     with_entropy = uses != "logp"
     out = {}
     for lean in (False, True):
-        lp, values, ent = token_logprobs(policy, seqs, temperature=0.7, with_entropy=with_entropy, lean=lean)
+        if lean:   # the lean head alone (one forward per sequence, as in the definition)
+            lp, values, ent = speedups.token_logprobs(policy, seqs, 0.7, with_entropy, share_prompts=False)
+        else:
+            lp, values, ent = token_logprobs(policy, seqs, temperature=0.7, with_entropy=with_entropy, fast=False)
         assert (ent is None) == (not with_entropy)
         loss = (lp * torch.linspace(-1, 1, lp.shape[1])).sum() if uses != "entropy" else 0.0
         loss = loss + (0.3 * ent.sum() if uses in ("logp and entropy", "entropy") else 0.0)
@@ -38,7 +41,7 @@ def test_lean_logprobs_equal_plain_and_so_do_gradients(tiny_dir, monkeypatch, ch
 
 @pytest.mark.parametrize("window", [64, 6])
 def test_samples_of_one_prompt_share_its_forward_with_the_same_numbers_and_gradients(tmp_path, window):
-    """Policy.response_hidden_states with share_prompts: the prompts' forward once, their keys and
+    """speedups.shared_prompt_hidden_states: the prompts' forward once, their keys and
     values copied to each sample. Prompts of different lengths (left padding), responses of
     different lengths (right padding), repeated and single prompts, rows not grouped by prompt; a
     sliding window shorter than the sequences (window 6) as well as one longer."""
@@ -64,7 +67,7 @@ def test_samples_of_one_prompt_share_its_forward_with_the_same_numbers_and_gradi
         counter = [0]
         hook = policy.lm.get_decoder().register_forward_pre_hook(
             lambda module, args, kwargs: counter.__setitem__(0, counter[0] + len(kwargs["input_ids"])), with_kwargs=True)
-        lp, values, ent = token_logprobs(policy, seqs, temperature=0.7, with_entropy=True, share_prompts=share)
+        lp, values, ent = speedups.token_logprobs(policy, seqs, 0.7, with_entropy=True, share_prompts=share)
         hook.remove()
         used[share] = counter[0]
         loss = (lp * torch.linspace(-1, 1, lp.shape[1])).sum() + 0.3 * ent.sum() + values.square().sum()
@@ -72,5 +75,7 @@ def test_samples_of_one_prompt_share_its_forward_with_the_same_numbers_and_gradi
         out[share] = [lp, ent, values, torch.cat([g.reshape(-1) for g in grads])]
     assert used == {False: 6, True: 3 + 6}        # one row per prompt forward: 3 distinct prompts, then 6 responses
     assert out[True][-1].abs().max() > 0
+    # fp32 rounding relative to each tensor's scale: the gradient sums ~10^4 products whose
+    # order differs between the paths (seen: 1.5e-5 on one element of a gradient of size ~3)
     for plain, shared in zip(out[False], out[True]):
-        torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-5 * max(1.0, plain.abs().max().item()))

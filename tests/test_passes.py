@@ -7,22 +7,25 @@ import rollout
 import train
 from test_train import SMALL, comparable, metrics, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
+SPEEDUPS = {"separate": "on", "shared": "all"}   # pi_old from its own pass, or from a forward that runs anyway
+
 
 def test_no_reference_pass_at_kl_beta_0_and_nothing_else_changes(tiny_dir, tmp_path, monkeypatch):
     calls = []
-    real = rollout._score_tokens
+    real = rollout.old_and_reference_logprobs
 
-    def counting(policy, seqs, temperature, batch_size, reference=True, old=True):
+    def counting(policy, seqs, temperature, batch_size, reference=True, old=True, fast=True):
         calls.append(reference)
-        return real(policy, seqs, temperature, batch_size, reference, old)
+        return real(policy, seqs, temperature, batch_size, reference, old, fast)
 
-    monkeypatch.setattr(rollout, "_score_tokens", counting)
+    monkeypatch.setattr(rollout, "old_and_reference_logprobs", counting)
     args = ["--model", tiny_dir, *SMALL, "--iterations", "2", "--eval-every", "0", "--kl-beta", "0", "--lr", "1e-2",
-            "--passes", "separate"]
+            "--speedups", "on"]
     skipped = train.main([*args, "--run-dir", str(tmp_path / "skipped")])
     assert calls == [False, False]
     # The same run with the reference pass forced back in: identical but for the logged KL.
-    monkeypatch.setattr(rollout, "_score_tokens", lambda p, s, t, b, reference=True, old=True: real(p, s, t, b, True, old))
+    monkeypatch.setattr(rollout, "old_and_reference_logprobs",
+                        lambda p, s, t, b, reference=True, old=True, fast=True: real(p, s, t, b, True, old, fast))
     full = train.main([*args, "--run-dir", str(tmp_path / "full")])
     a, b = metrics(skipped), metrics(full)
     assert all("kl" not in m for m in a) and all("kl" in m for m in b[1:])
@@ -44,14 +47,14 @@ def close(a, b, tol=1e-6):
 
 
 def test_shared_and_separate_passes_give_the_same_run(tiny_dir, tmp_path):
-    """--passes shared takes pi_old and V_old from the influence scoring's forward; the run must
+    """--speedups all takes pi_old and V_old from the influence scoring's forward; the run must
     equal the one with the separate no-grad pass: old log-probs (through the ratios and the
     KL), values (through the advantages), scores, kept sets, weights and updated parameters."""
     from safetensors.torch import load_file
     runs = {}
     for passes in ("separate", "shared"):
         runs[passes] = train.main(["--model", tiny_dir, *SMALL, "--iterations", "2", "--eval-every", "0", "--lr", "1e-2",
-                                   "--kl-beta", "0.05", "--passes", passes, "--run-dir", str(tmp_path / passes)])
+                                   "--kl-beta", "0.05", "--speedups", SPEEDUPS[passes], "--run-dir", str(tmp_path / passes)])
     a, b = metrics(runs["separate"]), metrics(runs["shared"])
     assert [m["iteration"] for m in a] == [1, 2]
     assert any(m["policy_loss"] != 0 for m in a) and all("score_mean" in m for m in a)
@@ -89,9 +92,10 @@ def test_the_scoring_forward_gives_the_old_pass_numbers(tiny_dir):
     scoring's) equal the no-grad pass's, and the scores from the scoring's backwards equal
     onepass_scores', to 1e-6."""
     import torch
-    from influence import onepass_scores, scoring_backward, validation_gradient
+    from influence import validation_gradient
     from model import load_policy, lora_parameters
     from rollout import encode_pairs, generate_rollouts
+    from speedups import onepass_scores, scoring_backward, theta_old_forwards
     policy, tok = load_policy(tiny_dir, quiet=True)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -100,10 +104,11 @@ def test_the_scoring_forward_gives_the_old_pass_numbers(tiny_dir):
         policy.value_head.weight.copy_(torch.randn(policy.value_head.weight.shape, generator=g))
     buf = generate_rollouts(policy, tok, ["Question: 12+30?\nAnswer:", "Q: 7?", "What is 1 more than 99?"],
                             n_samples=3, max_new_tokens=9, temperature=0.8, seed=1, progress=False, batch_size=4)
-    cfg = train.Config(micro_batch_size=4, temperature=0.8)
     old, values = buf.old_logprobs.clone(), buf.values.clone()
     for scoring in (False, True):       # the update's first forward, then the scoring's
-        forwards = train.theta_old_forwards(1, cfg, policy, buf, scoring=scoring)
+        order = torch.randperm(len(buf), generator=g) if not scoring else torch.arange(len(buf))
+        forwards = theta_old_forwards(policy, buf, order, batch_size=4, temperature=0.8, scoring=scoring,
+                                      reference=False)
         # fp32 rounding of forwards over other batch shapes: a few 1e-6 on log-probs of size 1-10
         torch.testing.assert_close(buf.old_logprobs, old, rtol=2e-6, atol=5e-6)
         torch.testing.assert_close(buf.values, values, rtol=2e-6, atol=5e-6)
@@ -122,22 +127,22 @@ def test_without_influence_pi_old_comes_from_the_update_and_equals_the_separate_
     pass only at beta > 0), and the run equals the one with the separate pass, 2 epochs."""
     from safetensors.torch import load_file
     calls = []
-    real = rollout._score_tokens
+    real = rollout.old_and_reference_logprobs
 
-    def counting(policy, seqs, temperature, batch_size, reference=True, old=True):
+    def counting(policy, seqs, temperature, batch_size, reference=True, old=True, fast=True):
         calls.append((reference, old))
-        return real(policy, seqs, temperature, batch_size, reference, old)
+        return real(policy, seqs, temperature, batch_size, reference, old, fast)
 
-    monkeypatch.setattr(rollout, "_score_tokens", counting)
+    monkeypatch.setattr(rollout, "old_and_reference_logprobs", counting)
     runs = {}
     for passes in ("separate", "shared"):
         calls.clear()
         runs[passes] = train.main(["--model", tiny_dir, *SMALL, "--iterations", "2", "--eval-every", "0", "--lr", "1e-2",
                                    "--advantage", advantage, "--influence", "off", "--kl-beta", kl_beta,
-                                   "--minibatch-size", "6", "--ppo-epochs", "2", "--passes", passes,
+                                   "--minibatch-size", "6", "--ppo-epochs", "2", "--speedups", SPEEDUPS[passes],
                                    "--run-dir", str(tmp_path / passes)])
         with_ref = kl_beta != "0"
-        # shared: pi_ref, when used, comes with pi_old from train.theta_old_forwards (same micro-batches)
+        # shared: pi_ref, when used, comes with pi_old from speedups.theta_old_forwards (same micro-batches)
         assert calls == ([(with_ref, True)] * 2 if passes == "separate" else [])
     a, b = metrics(runs["separate"]), metrics(runs["shared"])
     assert any(m["policy_loss"] != 0 for m in a) and all(m["optimizer_steps"] == 2 for m in a)
@@ -159,7 +164,7 @@ def test_without_influence_pi_old_comes_from_the_update_and_equals_the_separate_
 def test_the_default_path_is_the_algorithm_box(tiny_dir, tmp_path, monkeypatch, influence):
     """By default pi_old and V_old come from the rollout phase's no-grad pass, as the algorithm
     box has them: no forward is shared between phases, and the log shows the box's phases only.
-    --passes shared adds its own timed phase (the scoring forward is not hidden in "rollout")."""
+    --speedups all adds its own timed phase (the scoring forward is not hidden in "rollout")."""
     def refuse(*args, **kwargs):
         raise AssertionError("theta_old_forwards ran on the default path")
 
@@ -169,6 +174,6 @@ def test_the_default_path_is_the_algorithm_box(tiny_dir, tmp_path, monkeypatch, 
         m.setattr(train, "theta_old_forwards", refuse)
         plain = metrics(train.main([*args, "--run-dir", str(tmp_path / "plain")]))[-1]
     assert list(plain["seconds"]) == ["rollout", "reward", "advantages", "influence", "update"]
-    assert json.loads((tmp_path / "plain" / "config.json").read_text())["passes"] == "separate"
-    shared = metrics(train.main([*args, "--passes", "shared", "--run-dir", str(tmp_path / "shared")]))[-1]
+    assert json.loads((tmp_path / "plain" / "config.json").read_text())["speedups"] == "on"
+    shared = metrics(train.main([*args, "--speedups", "all", "--run-dir", str(tmp_path / "shared")]))[-1]
     assert list(shared["seconds"]) == ["rollout", "shared_forward", "reward", "advantages", "influence", "update"]

@@ -23,7 +23,8 @@ def test_one_iteration_on_the_offline_gemma_270m(tmp_path):
 def test_onepass_equals_loop_on_the_offline_gemma_270m():
     import torch
 
-    from influence import episode_gradients, influence_scores, onepass_scores, validation_gradient
+    from influence import episode_gradients, influence_scores, validation_gradient
+    from speedups import onepass_scores
     from model import load_policy, lora_parameters
     from ppo import whiten
     from data import load_task, make_prompt

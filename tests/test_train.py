@@ -141,8 +141,8 @@ def test_iteration_with_every_episode_dropped_skips_the_update(tiny_dir, tmp_pat
 
 def test_onepass_and_loop_runs_give_the_same_scores(tiny_dir, tmp_path):
     scores = {}
-    for method in ("loop", "onepass"):
+    for method, speedups in (("loop", "off"), ("onepass", "on")):
         run_dir = run(tiny_dir, tmp_path / method, "--iterations", "1", "--eval-every", "0",
-                      "--influence-method", method)
+                      "--speedups", speedups)
         scores[method] = [json.loads(l)["score"] for l in (run_dir / "episodes.jsonl").read_text().splitlines()]
     assert scores["loop"] == pytest.approx(scores["onepass"], rel=1e-4, abs=1e-7)
