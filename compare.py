@@ -40,7 +40,7 @@ CLI:
     python compare.py --seeds 0,1 --iterations 20 --out runs/compare [--train-args "--lr 1e-5"]
     python compare.py --model tiny-arith --dataset arith --sft-iterations 0 --reward-noise 0,0.2 \\
         --methods ppo,grpo,ippo,ippo-binary,random-filter --seeds 0,1,2,3,4 --parallel 2 ...
-    (bench/tiny_compare.py pins the tiny world's comparison.)
+    (experiments/tiny-compare/tiny_compare.py pins the first tiny world's comparison.)
 """
 
 from __future__ import annotations

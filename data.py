@@ -416,22 +416,22 @@ def _load_arith(split: str, source: str, digits: int, terms: int) -> Task:
 # Prompts
 # ---------------------------------------------------------------------------------------------
 
+# The instruction the model sees, per task (inside the chat template when the tokenizer has one).
+PROMPTS = {
+    "math": ("Solve the math problem. Reason step by step, then give the final answer in \\boxed{{}}.\n\n"
+             "Question: {question}\nAnswer:"),
+    "ecqa": ("Answer the multiple-choice question. Reason briefly, then give the letter of the correct option on "
+             "its own line as 'Answer: <letter>'.\n\nQuestion: {question}\nAnswer:"),
+    # Our choice: no instruction. The tiny world's model is trained from scratch on this prompt,
+    # and an instruction line would double its tokens (and its compute); other models learn the
+    # '#### N' format from SFT on the training solutions.
+    "arith": "Question: {question}\nAnswer:",
+    "gsm8k": ("Solve the math problem. Reason step by step, then give the final answer on its own line as "
+              "'#### <number>'.\n\nQuestion: {question}\nAnswer:"),
+}
+
+
 def make_prompt(question: str, task: str = "gsm8k") -> str:
-    """The instruction the model sees (inside the chat template when the tokenizer has one)."""
+    """The prompt of a question: PROMPTS' template for the task (MATH-style tasks share one)."""
     check_task(task)
-    if task in MATH_TASKS:
-        return ("Solve the math problem. Reason step by step, then give the final answer "
-                "in \\boxed{}.\n\n"
-                f"Question: {question}\nAnswer:")
-    if task == "ecqa":
-        return ("Answer the multiple-choice question. Reason briefly, then give the letter of the "
-                "correct option on its own line as 'Answer: <letter>'.\n\n"
-                f"Question: {question}\nAnswer:")
-    if task == "arith":
-        # Our choice: no instruction. The tiny world's character-level model is trained from
-        # scratch on this prompt, and an instruction line would double its tokens (and its
-        # compute); other models learn the '#### N' format from SFT on the reference solutions.
-        return f"Question: {question}\nAnswer:"
-    return ("Solve the math problem. Reason step by step, then give the final answer "
-            "on its own line as '#### <number>'.\n\n"
-            f"Question: {question}\nAnswer:")
+    return PROMPTS["math" if task in MATH_TASKS else task].format(question=question)

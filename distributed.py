@@ -18,11 +18,11 @@ an explicit sum keeps the loss normalisation visible: each rank's loss is alread
 the size of the global minibatch, so the summed gradient is the gradient of the global loss.
 
 Backend: nccl on CUDA GPUs, gloo on CPU, chosen automatically. Without torchrun (no
-WORLD_SIZE in the environment) every operation here is the identity, so single-process code
-paths are the same code.
+WORLD_SIZE in the environment) setup() returns Single, whose every operation is the identity,
+so single-process code paths are the same code.
 
 Public:
-    setup() -> Dist          initialise from torchrun's environment (or a single process)
+    setup() -> Dist or Single  initialise from torchrun's environment (or a single process)
     Dist.sum(t)              element-wise sum over ranks (in place, returned)
     Dist.cat(t)              1-D tensors of any length from every rank, concatenated in rank order
     Dist.offset(n)           where this rank's n items start in that concatenation
@@ -30,7 +30,8 @@ Public:
     Dist.sum_grads(params)   sum .grad over ranks
     Dist.broadcast(obj)      rank 0's Python object on every rank
     Dist.broadcast_tensors(ts)  rank 0's tensors, in place, on every rank; then checked equal
-    Dist.share(n)            (start, stop) of this rank's contiguous share of n items
+    Dist.span(n)             (start, stop) of this rank's contiguous part of n items
+    Dist.mine(index, n)      which of `index` (over all ranks' items) are this rank's n
     Dist.barrier()           wait for every rank
     Dist.close()             wait for every rank, then leave the process group (end of a run)
     Dist.is_main, Dist.active   rank 0?  more than one process?
@@ -46,8 +47,48 @@ import torch
 import torch.distributed as dist
 
 
+class Single:
+    """One process: every collective is the identity, every share is the whole."""
+    rank, world, local_rank, backend = 0, 1, 0, "none"
+    is_main, active = True, False
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def cat(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def offset(self, n: int) -> int:
+        return 0
+
+    def gather_objects(self, items: list) -> list:
+        return items
+
+    def sum_grads(self, params) -> None:
+        pass
+
+    def broadcast(self, obj):
+        return obj
+
+    def broadcast_tensors(self, tensors) -> None:
+        pass
+
+    def span(self, n: int) -> tuple[int, int]:
+        return 0, n
+
+    def mine(self, index: torch.Tensor, n: int) -> torch.Tensor:
+        return index
+
+    def barrier(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass
-class Dist:
+class Dist(Single):
+    """K processes under torchrun, one per rank."""
     rank: int = 0
     world: int = 1
     local_rank: int = 0
@@ -87,6 +128,12 @@ class Dist:
         dist.all_gather_object(sizes, n)
         return sum(sizes[:self.rank])
 
+    def mine(self, index: torch.Tensor, n: int) -> torch.Tensor:
+        """Of `index` (positions in Dist.cat's concatenation of every rank's items), the ones of
+        this rank's n items, as positions among them."""
+        first = self.offset(n)
+        return index[(index >= first) & (index < first + n)] - first
+
     def gather_objects(self, items: list) -> list:
         """Python objects (e.g. episode records) from every rank, concatenated in rank order."""
         if not self.active:
@@ -125,7 +172,7 @@ class Dist:
         if differ:
             raise RuntimeError(f"torchrun: ranks {differ} do not hold rank 0's trainable parameters after the broadcast")
 
-    def share(self, n: int) -> tuple[int, int]:
+    def span(self, n: int) -> tuple[int, int]:
         """Rank r gets items [start, stop): contiguous, sizes differ by at most one."""
         base, extra = divmod(n, self.world)
         start = self.rank * base + min(self.rank, extra)
@@ -148,12 +195,13 @@ class Dist:
             dist.destroy_process_group()
 
 
-def setup() -> Dist:
+def setup() -> Single:
     """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK; join the process group if there is more
-    than one process. nccl when CUDA is available (each rank on GPU LOCAL_RANK), else gloo."""
+    than one process (Dist: nccl when CUDA is available, each rank on GPU LOCAL_RANK, else gloo).
+    One process: Single."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        return Dist()
+        return Single()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":

@@ -52,6 +52,7 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
+import speedups
 from model import lora_parameters
 from ppo import policy_loss
 from rollout import Rollouts, Sequences, token_logprobs
@@ -76,21 +77,17 @@ def validation_gradient(policy, val_seqs: Sequences, batch_size: int = 8, progre
     """g_val = grad over the LoRA parameters of  (sum of NLL over all validation reference
     tokens) / (number of those tokens), the NLL under logits / temperature (train.py: the
     sampling temperature, so that g_val and g_i are gradients of one distribution).
-    Accumulated over batches; returns (P,) fp32.
+    Accumulated over batches of `batch_size` solutions (`fast`: of similar lengths,
+    speedups.length_batches); returns (P,) fp32.
     `n_tokens` overrides the denominator: under torchrun each rank holds a share of the
     validation set and divides by the token count of all shares, so the sum over ranks of
     the returned vectors is g_val of the whole set."""
     params = lora_parameters(policy)
     n_tokens_total = val_seqs.response_mask.sum() if n_tokens is None else n_tokens
     g_val = torch.zeros(sum(p.numel() for p in params), device=val_seqs.response_mask.device)
-    # Batches of solutions of similar lengths: the set is padded to its longest prompt and
-    # solution, and a batch of shorter ones need not pay for that padding (the sum is the same).
-    order = (val_seqs.prompt_mask.sum(1) * 1000 + val_seqs.response_mask.sum(1)).cpu().argsort(stable=True)
-    for s in tqdm(range(0, len(val_seqs), batch_size), desc="g_val", unit="batch", disable=not progress, leave=False):
-        part = val_seqs.select(order[s:s + batch_size])
-        # Only the columns this batch uses: the response side here, the prompt side in token_logprobs.
-        width = int(part.response_mask.sum(1).max())
-        part = Sequences(part.prompt_ids, part.prompt_mask, part.response_ids[:, :width], part.response_mask[:, :width])
+    batches = (speedups.length_batches(val_seqs, batch_size) if fast else
+               [val_seqs.select(range(s, min(s + batch_size, len(val_seqs)))) for s in range(0, len(val_seqs), batch_size)])
+    for part in tqdm(batches, desc="g_val", unit="batch", disable=not progress, leave=False):
         nll, _ = sft_nll(policy, part, temperature, fast)
         loss = nll.sum() / n_tokens_total
         g_val += _flat(torch.autograd.grad(loss, params, allow_unused=True), params)

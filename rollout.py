@@ -12,7 +12,7 @@ Public functions:
     sample(lm, prompt_ids, prompt_mask, ...)         -> (tokens, sampler log-probs): temperature sampling
     plain_generate(lm, ids, mask, config)            generate() with no logits processor but `config`'s
     token_logprobs(policy, seqs, temperature)        -> (logprobs, values, entropy or None), (N, T)
-    old_and_reference_logprobs(policy, seqs, ...)    -> log pi_old, V_old, log pi_ref in no-grad batches
+    old_and_ref_logprobs(policy, seqs, ...)    -> log pi_old, V_old, log pi_ref in no-grad batches
 """
 
 from __future__ import annotations
@@ -49,16 +49,14 @@ class Sequences:
     def select(self, index):
         """The episodes at `index` (a list or tensor of row numbers), same type."""
         index = torch.as_tensor(index, dtype=torch.long)
-        picked = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
-                picked[f.name] = value[index.to(value.device)]
-            elif isinstance(value, list):
-                picked[f.name] = [value[i] for i in index.tolist()]
-            else:
-                picked[f.name] = value
-        return type(self)(**picked)
+        return type(self)(**{f.name: _rows(getattr(self, f.name), index) for f in fields(self)})
+
+
+def _rows(value, index: torch.Tensor):
+    """The rows `index` of a per-episode field (a tensor or a list; None stays None)."""
+    if isinstance(value, torch.Tensor):
+        return value[index.to(value.device)]
+    return value if value is None else [value[i] for i in index.tolist()]
 
 
 @dataclass
@@ -177,11 +175,11 @@ def sample(lm, prompt_ids, prompt_mask, *, n_samples: int, max_new_tokens: int, 
 @torch.no_grad()
 def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, max_new_tokens: int,
                       temperature: float, seed: int, batch_size: int = 16, progress: bool = True,
-                      old: bool = True, reference: bool = True, fast: bool = True) -> Rollouts:
+                      old: bool = True, ref: bool = True, fast: bool = True) -> Rollouts:
     """Sample `n_samples` responses to each prompt (pure temperature sampling, KV cache), then
     record old log-probs and values with one forward pass (only if `old`: with --speedups all
-    train.py takes them from a forward at theta_old that runs anyway), and reference log-probs
-    with a second (only if `reference`: train.py skips it when the KL penalty is 0, since
+    train.py takes them from a forward at theta_old that runs anyway), and pi_ref's log-probs
+    with a second (only if `ref`: train.py skips it when the KL penalty is 0, since
     nothing else uses them). What is not computed is None.
 
     Sampling draws from torch's global RNG inside a forked RNG state seeded by `seed`, so a
@@ -206,42 +204,37 @@ def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, 
             generated += list(tokens.cpu())
             sampler_lp += list(logprobs.cpu())
     T = max(1, max(len(g) for g in generated))
-    response_ids = torch.full((N, T), pad, dtype=torch.long)
-    response_mask = torch.zeros(N, T)
-    truncated = torch.zeros(N, dtype=torch.bool)
+    response_ids, truncated = torch.full((N, T), pad, dtype=torch.long), torch.zeros(N, dtype=torch.bool)
+    response_mask, sampler_logprobs = torch.zeros(N, T), torch.zeros(N, T)
     texts = []
-    for i, g in enumerate(generated):
+    for i, (g, lp) in enumerate(zip(generated, sampler_lp)):   # each response up to its EOS (included)
         is_eos = torch.isin(g, torch.tensor(eos_ids))
-        length = int(is_eos.long().argmax()) + 1 if is_eos.any() else len(g)
         truncated[i] = not bool(is_eos.any())
-        response_ids[i, :length] = g[:length]
-        response_mask[i, :length] = 1.0
+        length = len(g) if truncated[i] else int(is_eos.long().argmax()) + 1
+        response_ids[i, :length], response_mask[i, :length], sampler_logprobs[i, :len(lp)] = g[:length], 1.0, lp
         texts.append(tokenizer.decode(g[:length], skip_special_tokens=True))
-    sampler_logprobs = torch.zeros(N, T)
-    for i, lp in enumerate(sampler_lp):
-        sampler_logprobs[i, :len(lp)] = lp[:T]
     rollouts = Rollouts(prompt_ids, prompt_mask, response_ids.to(device), response_mask.to(device),
                         truncated=truncated, prompt_index=[i // n_samples for i in range(N)], responses=texts,
                         sampler_logprobs=(sampler_logprobs.to(device) * response_mask.to(device)))
-    if old or reference:
-        rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_reference_logprobs(
-            policy, rollouts, temperature, batch_size, reference, old, fast)
+    if old or ref:
+        rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_ref_logprobs(
+            policy, rollouts, temperature, batch_size, ref, old, fast)
     return rollouts
 
 
 @torch.no_grad()
-def old_and_reference_logprobs(policy, seqs: Sequences, temperature: float, batch_size: int, reference: bool = True,
+def old_and_ref_logprobs(policy, seqs: Sequences, temperature: float, batch_size: int, ref: bool = True,
                                old: bool = True, fast: bool = True):
-    """If `old`, log pi_old and V_old (adapters on); if `reference`, log pi_ref (adapters off).
+    """If `old`, log pi_old and V_old (adapters on); if `ref`, log pi_ref (adapters off).
     Batched; what is not computed is None."""
-    olds, values, ref = [], [], []
+    olds, values, refs = [], [], []
     for s in range(0, len(seqs), batch_size):
         part = seqs.select(range(s, min(s + batch_size, len(seqs))))
         if old:
             lp, v, _ = token_logprobs(policy, part, temperature, fast=fast)
             olds.append(lp), values.append(v)
-        if reference:
+        if ref:
             with adapters_disabled(policy):
-                ref.append(token_logprobs(policy, part, temperature, fast=fast)[0])
+                refs.append(token_logprobs(policy, part, temperature, fast=fast)[0])
     cat = lambda xs: torch.cat(xs) if xs else None   # noqa: E731
-    return cat(olds), cat(values), cat(ref)
+    return cat(olds), cat(values), cat(refs)

@@ -16,6 +16,7 @@ The speed-ups, in the order a forward meets them:
 
   shared prompt prefix   shared_prompt_hidden_states: the samples of one prompt share its
                          forward (tests/test_logprobs.py)
+  similar lengths        length_batches: g_val's solutions in batches of similar lengths
   lean log-probs         TargetLogProb: the LM head only at response tokens, its logits
                          recomputed in the backward, never (N, T, vocabulary) in memory
                          (tests/test_logprobs.py)
@@ -144,6 +145,22 @@ class TargetLogProb(torch.autograd.Function):
 
 
 
+def length_batches(seqs, batch_size: int) -> list:
+    """`seqs` in batches of `batch_size` sequences of similar lengths, each cut to the response
+    columns it uses: the set is padded to its longest prompt and response, and a batch of
+    shorter ones need not pay for that padding (the prompt side is cut in
+    model.Policy.response_hidden_states). Every sequence once: a sum over the batches is the
+    sum over the set."""
+    order = (seqs.prompt_mask.sum(1) * 1000 + seqs.response_mask.sum(1)).cpu().argsort(stable=True)
+    batches = []
+    for s in range(0, len(seqs), batch_size):
+        part = seqs.select(order[s:s + batch_size])
+        width = int(part.response_mask.sum(1).max())
+        batches.append(type(part)(part.prompt_ids, part.prompt_mask, part.response_ids[:, :width],
+                                  part.response_mask[:, :width]))
+    return batches
+
+
 # ----------------------------------------------------------------------------- one-pass scores
 
 def _flat(grads, params) -> torch.Tensor:
@@ -152,7 +169,7 @@ def _flat(grads, params) -> torch.Tensor:
                       for g, p in zip(grads, params)])
 
 
-def onepass_scores(policy, rollouts: Rollouts, advantages: torch.Tensor, g_val: torch.Tensor, *, clip_eps: float,
+def onepass_scores(policy, rollouts, advantages: torch.Tensor, g_val: torch.Tensor, *, clip_eps: float,
                    temperature: float, batch_size: int = 16) -> torch.Tensor:
     """s_i = g_i . g_val for every episode from ONE forward and backward of sum_i L_i.
 
@@ -186,7 +203,7 @@ class ScoringForward:
         self.logprobs, self.values, self.mask, self.seen, self.index = logprobs, values, mask, seen, index
 
 
-def scoring_forward(policy, part: Sequences, temperature: float) -> ScoringForward:
+def scoring_forward(policy, part, temperature: float) -> ScoringForward:
     """The forward half of onepass_scores for the episodes `part`: token_logprobs with hooks on
     every LoRA layer recording its input x and registering for its output gradient d."""
     layers = [m for m in policy.modules() if isinstance(m, LoRALinear)]
@@ -352,24 +369,24 @@ class UpdateForward:
 
 
 def theta_old_forwards(policy, rollouts, order: torch.Tensor, *, batch_size: int, temperature: float,
-                       scoring: bool, reference: bool) -> list:
+                       scoring: bool, ref: bool) -> list:
     """The forward at theta_old over the episodes `order`, `batch_size` at a time, graphs kept:
     the influence scoring's (scoring_forward, which records each LoRA layer's input) if
     `scoring`, else the update's first (an UpdateForward per micro-batch, `order` being the first
     minibatch's, so that the first step sums its micro-batches exactly as train.ppo_update would).
     Sets rollouts.old_logprobs and rollouts.values from their detached outputs: the numbers the
-    separate no-grad pass would give. With `reference` (--kl-beta > 0) it also sets
+    separate no-grad pass would give. With `ref` (--kl-beta > 0) it also sets
     rollouts.ref_logprobs, adapters off, over the same micro-batches: log pi_old - log pi_ref is
     then exactly 0 where the adapters equal the reference (iteration 1), as in the separate pass,
     not rounding noise from batches of other shapes (which the whitening would blow up into
     advantages, and the filter into kept episodes, when every reward is equal)."""
     from model import adapters_disabled
-    forwards, ref = [], []
+    forwards, refs = [], []
     for index in order.split(batch_size):
         part = rollouts.select(index)
-        if reference:   # in the forward's own shape (the scoring's shares no prompt), as said above
+        if ref:   # in the forward's own shape (the scoring's shares no prompt), as said above
             with torch.no_grad(), adapters_disabled(policy):
-                ref.append(token_logprobs(policy, part, temperature, share_prompts=not scoring)[0])
+                refs.append(token_logprobs(policy, part, temperature, share_prompts=not scoring)[0])
         if scoring:
             forward = scoring_forward(policy, part, temperature)
             forward.index = index
@@ -381,6 +398,6 @@ def theta_old_forwards(policy, rollouts, order: torch.Tensor, *, batch_size: int
         0, index, torch.cat([f.logprobs.detach() for f in forwards]))                   # (N, T)
     rollouts.values = torch.zeros_like(rollouts.response_mask).index_copy(
         0, index, torch.cat([f.values.detach() for f in forwards]))                     # (N, T)
-    if ref:
-        rollouts.ref_logprobs = torch.zeros_like(rollouts.response_mask).index_copy(0, index, torch.cat(ref))
+    if refs:
+        rollouts.ref_logprobs = torch.zeros_like(rollouts.response_mask).index_copy(0, index, torch.cat(refs))
     return forwards

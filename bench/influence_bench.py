@@ -38,10 +38,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from influence import _flat, episode_gradients, influence_scores, onepass_scores, validation_gradient  # noqa: E402
+from influence import episode_gradients, influence_scores, validation_gradient  # noqa: E402
 from model import load_policy, lora_parameters  # noqa: E402
 from ppo import policy_loss, value_loss  # noqa: E402
-from rollout import Rollouts, _score_tokens, token_logprobs  # noqa: E402
+from rollout import Rollouts, old_and_ref_logprobs, token_logprobs  # noqa: E402
+from speedups import onepass_scores  # noqa: E402
 
 
 def synthetic_buffer(policy, vocab: int, N: int, P: int, T: int, seed: int):
@@ -59,7 +60,7 @@ def synthetic_buffer(policy, vocab: int, N: int, P: int, T: int, seed: int):
         response_ids[i, length:] = 0
     dev = policy.device
     r = Rollouts(prompt_ids.to(dev), prompt_mask.to(dev), response_ids.to(dev), response_mask.to(dev))
-    r.old_logprobs, r.values, r.ref_logprobs = _score_tokens(policy, r, 1.0, 16)
+    r.old_logprobs, r.values, r.ref_logprobs = old_and_ref_logprobs(policy, r, 1.0, 16)
     advantages = (torch.randn(N, T, generator=g) * response_mask).to(dev)
     return r, advantages
 
@@ -100,7 +101,10 @@ def same_forward_scores(policy, buf, adv, g_val, micro: int) -> torch.Tensor:
         lp, _, _ = token_logprobs(policy, part, 1.0)
         losses = policy_loss(lp, part.old_logprobs, adv[s:s + micro], part.response_mask, 0.2)   # (n,)
         for i in range(len(part)):
-            rows.append(_flat(torch.autograd.grad(losses[i], params, retain_graph=True, allow_unused=True), params))
+            grads = torch.autograd.grad(losses[i], params, retain_graph=True, allow_unused=True)
+            # one fp32 vector over the LoRA parameters, zeros for an unused one (influence.py flattens so)
+            rows.append(torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
+                                   for g, p in zip(grads, params)]))
     return influence_scores(torch.stack(rows), g_val)
 
 
@@ -157,7 +161,7 @@ def memory_step(model: str, lean: bool, N: int, T: int, device: str, dtype: str)
         base = torch.cuda.memory_allocated() / 2**20
     else:
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    lp, values, _ = token_logprobs(policy, buf, 1.0, lean=lean)
+    lp, values, _ = token_logprobs(policy, buf, 1.0, fast=lean)   # fast: the lean log-probs (speedups.py)
     loss = (policy_loss(lp, buf.old_logprobs, adv, buf.response_mask, 0.2)
             + 0.1 * value_loss(values, buf.values, adv, buf.response_mask, 0.2)).mean()
     loss.backward()

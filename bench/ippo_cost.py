@@ -6,7 +6,7 @@
     HF_HUB_OFFLINE=1 python bench/ippo_cost.py --recipe gsm8k-270m --iterations 5
 
 --recipe tiny (the default) is the README's first command (the tiny world's recipe,
-bench/tiny_learns.RECIPE: 32 prompts x 4 samples = 128 episodes, one minibatch, 2 epochs);
+configs/tiny.toml: 32 prompts x 4 samples = 128 episodes, one minibatch, 2 epochs);
 --recipe gsm8k-270m is the README's GSM8K command on the offline Gemma-3-270M (4 prompts x 2
 samples, 128 new tokens, 8 validation solutions two at a time, train.py's other defaults). A
 pair is one run with --influence off and one with it on, same seed, no evaluation, each
@@ -38,11 +38,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 from compare import half_width_95  # noqa: E402
-from tiny_learns import RECIPE, RECIPE_V1  # noqa: E402
 
+RECIPE = [str(ROOT / "configs" / "tiny.toml"), "--no-progress", "--no-plots"]
+RECIPE_V1 = [str(ROOT / "configs" / "tiny-v1.toml"), "--no-progress", "--no-plots"]
 # The README's GSM8K command on the offline Gemma-3-270M (its first command before the tiny world).
 GSM8K_270M = ["--prompts-per-iter", "4", "--samples-per-prompt", "2", "--max-new-tokens", "128",
               "--truncation-penalty", "0.1", "--val-size", "8", "--val-batch-size", "2", "--no-progress", "--no-plots"]
@@ -96,7 +96,7 @@ def pass_costs(recipe: list[str], seed: int, repeats: int = 5) -> dict:
     rollouts = generate_rollouts(policy, tok, [make_prompt(e.question, cfg.dataset) for e in rows],
                                  n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                  temperature=cfg.temperature, seed=seed, batch_size=cfg.gen_batch_size,
-                                 progress=False, reference=False)
+                                 progress=False, ref=False)
     buf = train.Buffer(rows, rollouts)
     buf.rewards = torch.tensor([reward_fn(t, rows[j].gold, cfg.dataset, bool(tr), 0.0, False)
                                 for t, j, tr in zip(rollouts.responses, rollouts.prompt_index, rollouts.truncated)])

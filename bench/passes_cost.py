@@ -1,6 +1,7 @@
-"""What the default path (--passes separate, the algorithm box) costs against --passes shared.
+"""What the default path (--speedups on: pi_old from its own pass, as the algorithm box has it) costs
+against --speedups all (pi_old from a forward that runs anyway).
 
-    HF_HUB_OFFLINE=1 python bench/passes_cost.py --out docs/passes-cost.json
+    HF_HUB_OFFLINE=1 python bench/passes_cost.py --out bench/passes-cost.json
 
 Per recipe, train.py runs a few iterations with each path in a fresh process, the two paths
 in turns (REPEATS rounds, the order swapped every round so that a busy moment of the machine
@@ -51,7 +52,7 @@ def main() -> None:
             samples = {p: [] for p in PATHS}
             for r in range(repeats):
                 for p in (PATHS if r % 2 == 0 else PATHS[::-1]):
-                    samples[p] += phase_seconds([*argv, "--iterations", str(iterations), "--passes", p],
+                    samples[p] += phase_seconds([*argv, "--iterations", str(iterations), "--speedups", {"separate": "on", "shared": "all"}[p]],
                                                 Path(tmp) / f"{len(results)}-{p}-{r}")
             results[name] = {}
             for p in PATHS:

@@ -1,4 +1,4 @@
-"""Peak memory of one I-PPO iteration at the paper-style shape, --passes shared against separate.
+"""Peak memory of one I-PPO iteration at the paper-style shape, --speedups all against on.
 
     HF_HUB_OFFLINE=1 python bench/peak_memory.py                  # offline Gemma-3-270M, GSM8K, CPU
     python bench/peak_memory.py --device cuda --dtype bf16        # on a GPU
@@ -7,8 +7,8 @@ One iteration of train.py, I-PPO, 16 prompts x 4 samples = 64 episodes of up to 
 tokens, --micro-batch-size 4, each path in a fresh process. On the CPU the figure is the
 process's peak resident memory (ru_maxrss), printed next to the resident memory once the model
 is loaded (the same load in a process of its own); on a GPU torch.cuda.max_memory_allocated.
---passes shared keeps the graph of every episode's scoring forward alive until the scores (its
-memory grows with prompts x samples); --passes separate holds --micro-batch-size episodes' graph
+--speedups all keeps the graph of every episode's scoring forward alive until the scores (its
+memory grows with prompts x samples); --speedups on holds --micro-batch-size episodes' graph
 at a time.
 
 --limit-gib caps each child's address space (RLIMIT_AS, which also counts the libraries'
@@ -80,7 +80,7 @@ def main() -> None:
                     "--iterations", "1", "--prompts-per-iter", "16", "--samples-per-prompt", "4",
                     "--max-new-tokens", "256", "--micro-batch-size", "4", "--gen-batch-size", "16",
                     "--val-batch-size", "2", "--eval-every", "0", "--no-plots", "--no-progress",
-                    "--device", args.device, "--dtype", args.dtype, "--passes", passes,
+                    "--device", args.device, "--dtype", args.dtype, "--speedups", {"shared": "all", "separate": "on"}[passes],
                     "--run-dir", f"{tmp}/{passes}"]
             figures[passes] = run(argv, args.device, args.dtype, args.limit_gib)
             metrics = Path(f"{tmp}/{passes}/metrics.jsonl")

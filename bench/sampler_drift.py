@@ -50,7 +50,7 @@ def main() -> None:
         policy, tok = load_policy(args.model, dtype=dtype, quiet=True)
         rollouts = generate_rollouts(policy, tok, prompts, n_samples=args.samples, max_new_tokens=args.max_new_tokens,
                                      temperature=args.temperature, seed=0, batch_size=args.prompts * args.samples,
-                                     progress=False, old=False, reference=False)
+                                     progress=False, old=False, ref=False)
         with torch.no_grad():
             old, _, _ = token_logprobs(policy, rollouts, args.temperature)
         mask = rollouts.response_mask.bool()

@@ -44,6 +44,17 @@ def chat_dir(tmp_path_factory):
 
 
 @pytest.fixture
+def one_thread():
+    """One intra-op thread for the test: on a shared CPU a tiny model runs much faster without
+    OpenMP threads spinning for a core. Use it with pytest.mark.usefixtures("one_thread")."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def tiny_policy(tiny_dir):
     from model import load_policy
     return load_policy(tiny_dir, quiet=True)

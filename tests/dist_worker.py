@@ -41,15 +41,15 @@ def main(model_dir: str, out: str) -> None:
                                    max_new_tokens=8, temperature=1.0, seed=0, progress=False)
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
     val = examples[4:8]
-    mine = list(range(*dist.share(len(everything))))
+    mine = list(range(*dist.span(len(everything))))
     rollouts, rewards = everything.select(mine), rewards[mine]
-    val_mine = val[slice(*dist.share(len(val)))]
+    val_mine = val[slice(*dist.span(len(val)))]
     val_seqs = encode_pairs(tok, [make_prompt(e.question) for e in val_mine], [e.solution for e in val_mine])
     optimizer = train.make_optimizer(cfg, policy)
 
     buf = train.Buffer(examples[:4], rollouts, rewards=rewards)
     buf.advantages, buf.returns, _, _ = train.compute_advantages(cfg, buf, dist)
-    buf.keep, buf.weights, _ = train.select_episodes(0, cfg, policy, buf, val_seqs, dist)
+    buf.keep, buf.weights = train.select_episodes(0, cfg, policy, buf, val_seqs, dist)
     train.ppo_update(0, cfg, policy, optimizer, buf, dist)
 
     all_keep, all_weights = dist.cat(buf.keep.float()), dist.cat(buf.weights)

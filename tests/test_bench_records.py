@@ -1,6 +1,6 @@
-"""The benchmark records that outlive their run directories: bench/val_size.py keeps each
-finished test-split run in a JSON record, by method, seed and machine, and pairs I-PPO with PPO
-by seed only within one machine."""
+"""The experiments' records that outlive their run directories: experiments/val-size/val_size.py
+keeps each finished test-split run in a JSON record, by method, seed and machine, and pairs
+I-PPO with PPO by seed only within one machine."""
 import json
 import sys
 from pathlib import Path
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT / "experiments" / "val-size"), str(ROOT / "experiments" / "fair-test")]
 import val_size  # noqa: E402
 
 

@@ -49,9 +49,9 @@ def test_batch_reference_scores_equal_the_per_episode_oracle(buffer, loo, micro)
 
 
 def test_two_pass_batch_reference_of_the_gsm8k_probe_equals_the_oracle(buffer, monkeypatch):
-    """bench/filter_signal.py scores the 270M's batch reference in two passes (the mean gradient,
+    """experiments/filter-signal/filter_signal.py scores the 270M's batch reference in two passes (the mean gradient,
     then the one-pass contraction with it) so that no episode's forward is kept alive."""
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "experiments" / "filter-signal"))
     import filter_signal
     from speedups import onepass_scores
     policy, _, rollouts, advantages = buffer
@@ -121,7 +121,7 @@ def test_every_filter_takes_the_same_optimizer_steps(buffer, n_kept):
     cfg = Config(minibatch_size=2, micro_batch_size=2, ppo_epochs=2, lr=1e-3)
     keep = torch.arange(6) < n_kept
     _, metrics = update(buffer, cfg, keep, torch.zeros_like(buffer[2].response_mask))
-    assert metrics["optimizer_steps"] == 2 * math.ceil(6 / 2)
+    assert metrics["steps"] == 2 * math.ceil(6 / 2)
 
 
 def test_a_minibatch_keeps_the_samples_of_a_prompt_together():

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import logbook
 import train
 from config import Config
 from model import load_policy
@@ -34,11 +35,18 @@ def batch(scores, lengths, values=None, T=6):
                            values=(torch.zeros_like(mask) if values is None else values * mask)), torch.tensor(scores)
 
 
+def advantages_and_critic(cfg, rollouts, scores):
+    """train.compute_advantages on a batch, and logbook's critic metrics of it."""
+    buf = train.Buffer([], rollouts, rewards=scores)
+    advantages, buf.returns, _, buf.raw_advantages = train.compute_advantages(cfg, buf)
+    return advantages, buf.returns, logbook.critic_metrics(cfg, buf)
+
+
 def test_default_advantages_give_every_token_the_outcome():
     """With a fresh critic, lambda 1 gives each token A_t = R: the first token of a long answer
     gets the same credit as the last (lambda 0.95 gave it 0.95^(L-1) of it)."""
     rollouts, scores = batch([1.0, 0.0, 1.0, 0.0], [6, 2, 3, 5])
-    advantages, _, _, critic = train.compute_advantages(Config(), train.Buffer([], rollouts, rewards=scores))
+    advantages, _, critic = advantages_and_critic(Config(), rollouts, scores)
     mask = rollouts.response_mask.bool()
     for i in range(4):
         row = advantages[i][mask[i]]
@@ -51,7 +59,7 @@ def test_default_advantages_give_every_token_the_outcome():
 def test_critic_diagnostics_against_a_direct_computation():
     values = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5, 0.6]] * 3)
     rollouts, scores = batch([1.0, 0.0, 1.0], [6, 2, 3], values=values)
-    _, returns, _, critic = train.compute_advantages(Config(), train.Buffer([], rollouts, rewards=scores))
+    _, returns, critic = advantages_and_critic(Config(), rollouts, scores)
     # gamma = lambda = 1 and KL 0: R_t = score, A_t = score - V_t, over the 11 response tokens
     tokens = [(1.0, v) for v in [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]] + [(0.0, 0.1), (0.0, 0.2)] + \
              [(1.0, 0.1), (1.0, 0.2), (1.0, 0.3)]
@@ -125,7 +133,8 @@ def test_ratio_and_kl_diagnostics_see_wrong_old_logprobs(tiny_dir):
     advantages = torch.ones_like(rollouts.response_mask) * rollouts.response_mask
     buf = train.Buffer([], rollouts, advantages=advantages, returns=advantages.clone(),
                        keep=torch.ones(N, dtype=torch.bool), weights=torch.ones(N))
-    update = train.ppo_update(0, cfg, policy, train.make_optimizer(cfg, policy), buf)
+    buf.update = train.ppo_update(0, cfg, policy, train.make_optimizer(cfg, policy), buf)
+    update = logbook.update_metrics(cfg, buf)
     assert update["ratio_first_mean"] == pytest.approx(math.exp(-0.1), abs=1e-5)
     assert update["ratio_first_max"] == pytest.approx(math.exp(-0.1), abs=1e-5)
     assert update["approx_kl"] == pytest.approx(math.exp(-0.1) - 1 + 0.1, abs=1e-6)

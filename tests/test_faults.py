@@ -255,14 +255,14 @@ def with_nan(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def nan_old_logprobs(rollouts):
-    """train.generate_rollouts (where pi_old comes from) leaving a NaN in them."""
-    rollouts.old_logprobs = with_nan(rollouts.old_logprobs)
-    return rollouts
+def nan_old_logprobs(passes):
+    """train.old_and_ref_logprobs (where pi_old comes from) leaving a NaN in them."""
+    old_logprobs, values, ref_logprobs = passes
+    return with_nan(old_logprobs), values, ref_logprobs
 
 
 @pytest.mark.parametrize("name, corrupt, phase, tensor", [
-    ("generate_rollouts", nan_old_logprobs, "rollout", "old_logprobs"),
+    ("old_and_ref_logprobs", nan_old_logprobs, "rollout", "old_logprobs"),
     ("reward_fn", lambda r: float("inf"), "reward", "rewards"),
     ("validation_gradient", with_nan, "influence", "g_val"),
     ("onepass_scores", with_nan, "influence", "scores"),
@@ -298,8 +298,8 @@ def test_nonfinite_gradient_stops_the_update(reference, tmp_path, monkeypatch):
 
 def test_the_command_line_reports_a_nan_without_a_traceback(tiny_dir, tmp_path):
     """python train.py: exit status 1 and one message naming the phase."""
-    script = ("import sys, runpy, torch, influence\n"
-              "influence.scoring_backward = lambda *a, **k: torch.full((4,), float('nan'))\n"
+    script = ("import sys, runpy, torch, speedups\n"
+              "speedups.scoring_backward = lambda *a, **k: torch.full((4,), float('nan'))\n"
               "sys.argv = ['train.py'] + sys.argv[1:]\n"
               "runpy.run_path('train.py', run_name='__main__')\n")
     argv = ["--model", tiny_dir, "--run-dir", str(tmp_path / "run"), *ARGS, "--iterations", "1", "--eval-every", "0"]

@@ -22,12 +22,7 @@ from test_influence import TEMPERATURE, make_buffer
 from test_train import SMALL, metrics, run
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py
 
 
 def first_step_gradient(policy, cfg, buf, val_seqs=None) -> torch.Tensor:
@@ -53,7 +48,7 @@ def test_the_ippo_update_is_a_preconditioned_step_down_the_validation_loss(tiny_
     cfg = Config(influence="on", temperature=TEMPERATURE, minibatch_size=6, micro_batch_size=4, ppo_epochs=1,
                  max_grad_norm=0.0, val_batch_size=2)
     buf = train.Buffer([], rollouts, advantages=advantages, returns=torch.zeros_like(advantages))
-    buf.keep, buf.weights, _ = train.select_episodes(0, cfg, policy, buf, val)        # the real filter
+    buf.keep, buf.weights = train.select_episodes(0, cfg, policy, buf, val)        # the real filter
     assert 0 < int(buf.keep.sum()) < len(rollouts)                                     # some dropped, some kept
     update = first_step_gradient(policy, cfg, buf)
 

@@ -6,7 +6,7 @@ from influence import (binary_filter, episode_gradients, filter_and_reweight, in
                        sft_nll, validation_gradient)
 from model import load_policy, lora_parameters
 from ppo import policy_loss
-from rollout import encode_pairs, generate_rollouts, old_and_reference_logprobs, token_logprobs
+from rollout import encode_pairs, generate_rollouts, old_and_ref_logprobs, token_logprobs
 
 TEMPERATURE = 0.8
 
@@ -26,7 +26,7 @@ def make_buffer(tiny_dir, dtype: str = "auto", rollouts=None):
         for i, length in enumerate([9, 4, 1, 7, 9, 2]):
             rollouts.response_mask[i, length:] = 0
             rollouts.response_ids[i, length:] = tok.pad_token_id
-    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_reference_logprobs(policy, rollouts, TEMPERATURE, 4)
+    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_ref_logprobs(policy, rollouts, TEMPERATURE, 4)
     advantages = torch.randn(rollouts.response_mask.shape, generator=g) * rollouts.response_mask
     return policy, tok, rollouts, advantages
 

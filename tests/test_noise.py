@@ -5,6 +5,7 @@ import random
 import pytest
 import torch
 
+import logbook
 import train
 from config import Config
 from influence import detection_auc
@@ -61,12 +62,12 @@ def test_noise_metrics_by_hand():
     flipped = torch.tensor([True, False, False, True, False])
     keep = torch.tensor([False, True, True, True, False])
     scores = torch.tensor([-2.0, 1.0, 3.0, 0.5, -1.0])
-    m = train.noise_metrics(flipped, keep, scores)
+    m = logbook.noise_metrics(flipped, keep, scores)
     assert m["flipped_fraction"] == pytest.approx(0.4)
     assert m["flipped_share_dropped"] == pytest.approx(0.5) and m["flipped_share_kept"] == pytest.approx(1 / 3)
     # not-flipped scores 1, 3, -1 against flipped -2, 0.5: pairs won 2 + 2 + 1 = 5 of 6
     assert m["flip_auc"] == pytest.approx(5 / 6)
-    assert train.noise_metrics(flipped, keep, None) == {"flipped_fraction": pytest.approx(0.4)}
+    assert logbook.noise_metrics(flipped, keep, None) == {"flipped_fraction": pytest.approx(0.4)}
 
 
 def test_noisy_run_records_flips_and_resumes_with_the_same_flips(tiny_dir, tmp_path):

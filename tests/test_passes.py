@@ -12,20 +12,20 @@ SPEEDUPS = {"separate": "on", "shared": "all"}   # pi_old from its own pass, or 
 
 def test_no_reference_pass_at_kl_beta_0_and_nothing_else_changes(tiny_dir, tmp_path, monkeypatch):
     calls = []
-    real = rollout.old_and_reference_logprobs
+    real = rollout.old_and_ref_logprobs
 
-    def counting(policy, seqs, temperature, batch_size, reference=True, old=True, fast=True):
-        calls.append(reference)
-        return real(policy, seqs, temperature, batch_size, reference, old, fast)
+    def counting(policy, seqs, temperature, batch_size, ref=True, old=True, fast=True):
+        calls.append(ref)
+        return real(policy, seqs, temperature, batch_size, ref, old, fast)
 
-    monkeypatch.setattr(rollout, "old_and_reference_logprobs", counting)
+    monkeypatch.setattr(train, "old_and_ref_logprobs", counting)
     args = ["--model", tiny_dir, *SMALL, "--iterations", "2", "--eval-every", "0", "--kl-beta", "0", "--lr", "1e-2",
             "--speedups", "on"]
     skipped = train.main([*args, "--run-dir", str(tmp_path / "skipped")])
     assert calls == [False, False]
     # The same run with the reference pass forced back in: identical but for the logged KL.
-    monkeypatch.setattr(rollout, "old_and_reference_logprobs",
-                        lambda p, s, t, b, reference=True, old=True, fast=True: real(p, s, t, b, True, old, fast))
+    monkeypatch.setattr(train, "old_and_ref_logprobs",
+                        lambda p, s, t, b, ref=True, old=True, fast=True: real(p, s, t, b, True, old, fast))
     full = train.main([*args, "--run-dir", str(tmp_path / "full")])
     a, b = metrics(skipped), metrics(full)
     assert all("kl" not in m for m in a) and all("kl" in m for m in b[1:])
@@ -108,7 +108,7 @@ def test_the_scoring_forward_gives_the_old_pass_numbers(tiny_dir):
     for scoring in (False, True):       # the update's first forward, then the scoring's
         order = torch.randperm(len(buf), generator=g) if not scoring else torch.arange(len(buf))
         forwards = theta_old_forwards(policy, buf, order, batch_size=4, temperature=0.8, scoring=scoring,
-                                      reference=False)
+                                      ref=False)
         # fp32 rounding of forwards over other batch shapes: a few 1e-6 on log-probs of size 1-10
         torch.testing.assert_close(buf.old_logprobs, old, rtol=2e-6, atol=5e-6)
         torch.testing.assert_close(buf.values, values, rtol=2e-6, atol=5e-6)
@@ -127,13 +127,13 @@ def test_without_influence_pi_old_comes_from_the_update_and_equals_the_separate_
     pass only at beta > 0), and the run equals the one with the separate pass, 2 epochs."""
     from safetensors.torch import load_file
     calls = []
-    real = rollout.old_and_reference_logprobs
+    real = rollout.old_and_ref_logprobs
 
-    def counting(policy, seqs, temperature, batch_size, reference=True, old=True, fast=True):
-        calls.append((reference, old))
-        return real(policy, seqs, temperature, batch_size, reference, old, fast)
+    def counting(policy, seqs, temperature, batch_size, ref=True, old=True, fast=True):
+        calls.append((ref, old))
+        return real(policy, seqs, temperature, batch_size, ref, old, fast)
 
-    monkeypatch.setattr(rollout, "old_and_reference_logprobs", counting)
+    monkeypatch.setattr(train, "old_and_ref_logprobs", counting)
     runs = {}
     for passes in ("separate", "shared"):
         calls.clear()

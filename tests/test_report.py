@@ -196,7 +196,7 @@ def test_plots_png_is_redrawn_at_every_evaluation(tiny_dir, tmp_path, monkeypatc
 
 
 def test_filter_signal_figure_is_drawn_from_the_table_it_wrote(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "experiments" / "filter-signal"))
     import filter_signal
     table = tmp_path / "signal.md"
     table.write_text("Some prose.\n\n"
@@ -217,7 +217,7 @@ def test_filter_signal_figure_is_drawn_from_the_table_it_wrote(tmp_path, monkeyp
 
 
 def test_by_prompt_tells_a_filter_that_keeps_whole_prompts_from_an_independent_one(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "experiments" / "fair-test"))
     import fair_test
 
     def episodes(keep):   # 4 prompts x 4 samples; prompts 0, 1 all correct, 2 all wrong, 3 mixed

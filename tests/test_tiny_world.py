@@ -12,12 +12,7 @@ from data import generate_arith, make_prompt
 from rollout import encode_pairs
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py
 
 
 def small_build(path, seed=0, world=tiny_world.TINY_MODEL):

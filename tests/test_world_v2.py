@@ -16,12 +16,7 @@ SMALL = ["--prompts-per-iter", "2", "--samples-per-prompt", "3", "--max-new-toke
          "--eval-every", "1", "--no-plots"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py
 
 
 def rows(run_dir, name):

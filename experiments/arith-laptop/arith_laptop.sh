@@ -1,12 +1,12 @@
 #!/bin/bash
-# The laptop experiment of README "Seeing it learn on a CPU": the offline Gemma-3-270M on
+# The laptop experiment (README.md beside this file): the offline Gemma-3-270M on
 # --dataset arith, on a 2-core CPU. One SFT run (150 batches of 8 reference solutions), then
 # from its adapters PPO, I-PPO and the random-filter control for each seed, the three of a seed
 # running at the same time with one thread each. No KL penalty (--kl-beta 0) in these short runs. Writes runs/arith-laptop/{compare.md,compare.png}.
-#   bash bench/arith_laptop.sh            # seeds 0 and 1
-#   SEEDS="0" ITERS=5 bash bench/arith_laptop.sh
+#   bash experiments/arith-laptop/arith_laptop.sh            # seeds 0 and 1
+#   SEEDS="0" ITERS=5 bash experiments/arith-laptop/arith_laptop.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/arith-laptop}
 SEEDS=${SEEDS:-"0 1"}
 ITERS=${ITERS:-10}

@@ -40,12 +40,16 @@ seed 1, ...), so that an interrupted grid holds whole seeds. It resumes: a finis
 started one continues from its last checkpoint (train.py --resume). Two runs at a time, one
 thread each, is the default on 2 cores.
 
-    HF_HUB_OFFLINE=1 python bench/fair_test.py                       # tune, then the grid; again to resume
-    HF_HUB_OFFLINE=1 python bench/fair_test.py --hours 2             # start no run after 2 hours
-    HF_HUB_OFFLINE=1 python bench/fair_test.py --report              # only the report, from what is done
+    HF_HUB_OFFLINE=1 python experiments/fair-test/fair_test.py               # tune, then the grid; again to resume
+    HF_HUB_OFFLINE=1 python experiments/fair-test/fair_test.py --hours 2     # start no run after 2 hours
+    python experiments/fair-test/fair_test.py --report                       # report.md and fair-test.png from the records
 
-Writes runs/fair-test/ (tune/, grid/, tuned.json) and the report docs/fair-test.md; --report
-first runs the final evaluations that are missing (about a minute each).
+Writes runs/fair-test/ (tune/, grid/, tuned.json). After the runs, the finished ones are
+summarised into the records beside this file (first running the final evaluations that are
+missing, about a minute each): results.json (one run a line, with its curves), tuned.json (the
+tuning runs' dev accuracies and the chosen learning rates) and start.json (the start model's
+maj@8 and fit); report.md and fair-test.png are then written from those records alone, which is
+all that --report does.
 """
 
 from __future__ import annotations
@@ -60,7 +64,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
 sys.path[:0] = [str(ROOT)]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -69,10 +74,11 @@ from influence import detection_auc  # noqa: E402
 
 import torch  # noqa: E402
 
-RECIPE = "configs/tiny.toml"
-# Every run shares pi_old's forward with the scoring or the update (the default of the code when
-# the grid started); the same numbers as --passes separate up to float rounding (tests/test_passes.py).
-PASSES = ["--passes", "shared"]
+RECIPE = "configs/tiny.toml"            # relative to ROOT, where every run starts
+RESULTS, TUNED, START = HERE / "results.json", HERE / "tuned.json", HERE / "start.json"   # the records
+# Every run shares pi_old's forward with the scoring or the update: --passes shared when the grid
+# ran, --speedups all today (the same numbers as --speedups on up to float rounding, tests/test_passes.py).
+PASSES = ["--speedups", "all"]
 # The design's validation set: 32 solutions, the recipe's when the grid ran (256 today).
 VAL_SIZE = ["--val-size", "32"]
 ITERATIONS = 150
@@ -469,27 +475,54 @@ def write_figure(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def write_report(out: Path, path: Path) -> None:
+def write_records(out: Path) -> None:
+    """Summarise the finished runs under `out` into the records beside this file: results.json
+    (one run a line: the per-iteration curves would otherwise take a line per number), tuned.json
+    (per method whose tuning finished: the chosen lr and the dev accuracies of every lr) and
+    start.json (the start model's final evaluation and fit)."""
     lrs = tuned_lrs(out)
-    done = [j for j in grid_jobs(out, lrs) if finished(j)]
-    results = [summarize(j) for j in done]
-    start = final_eval(out / "start-eval.json", None)
+    results = [summarize(j) for j in grid_jobs(out, lrs) if finished(j)]
+    RESULTS.write_text("[\n" + ",\n".join(json.dumps(r) for r in results) + "\n]\n")
+    TUNED.write_text(json.dumps({"lr": {m: t["lr"] for m, t in lrs.items()},
+                                 "dev": {m: {f"{lr:g}": t["table"][lr]["dev"] for lr in LR_GRID} for m, t in lrs.items()}},
+                                indent=1) + "\n")
+    START.write_text(json.dumps({"eval": final_eval(out / "start-eval.json", None),
+                                 "fit": fit_of_solutions(out / "start-fit.json", None)}, indent=1) + "\n")
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"[fair-test] wrote {RESULTS.name}, {TUNED.name}, {START.name} ({len(results)} runs)", file=sys.stderr)
+
+
+def read_records() -> tuple[dict, list[dict], dict]:
+    """tuned.json, results.json and start.json, as write_records wrote them (JSON keeps the
+    thirds of a run's signal as strings: they come back as the numbers summarize gave them)."""
+    tuned, results, start = (json.loads(path.read_text()) for path in (TUNED, RESULTS, START))
+    for r in results:
+        if r["signal"]:
+            r["signal"] = {int(third): s for third, s in r["signal"].items()}
+    return tuned, results, start
+
+
+def write_report(path: Path) -> None:
+    """report.md at `path` and fair-test.png beside it, from the records alone."""
+    tuned, results, start_record = read_records()
+    start = start_record["eval"]
     lines = ["# The fair test of the influence filter (tiny world)", "",
-             "Produced by `HF_HUB_OFFLINE=1 python bench/fair_test.py` (per-run figures: `fair-test-results.json`, "
-             "chosen learning rates: `fair-test-tuned.json`) (the design, fixed before any run, is its "
-             "docstring); this page is rewritten from whatever runs have finished with `--report`. "
-             f"{len(done)} of {len(SEEDS) * len(NOISE) * len(METHODS)} runs are done. Every cell is the mean over the "
-             "finished seeds ± the half-width of its 95% t-interval; differences to PPO are paired by seed.", "",
+             "Produced by `HF_HUB_OFFLINE=1 python experiments/fair-test/fair_test.py` from the records beside it "
+             "(per run: `results.json`; learning rates: `tuned.json`; the start model: `start.json`) (the design, "
+             "fixed before any run, is its docstring and README.md); `--report` rewrites this page from those "
+             f"records alone. {len(results)} of {len(SEEDS) * len(NOISE) * len(METHODS)} runs are done. Every cell is "
+             "the mean over the finished seeds ± the half-width of its 95% t-interval; differences to PPO are paired "
+             "by seed.", "",
              "## Learning rates, chosen on held-out training rows", "",
              f"Seed {TUNE_SEED}, {TUNE_ITERATIONS} iterations, noise 0; dev accuracy (400 held-out training rows) at "
              f"iterations {', '.join(map(str, TUNE_EVALS))}, and their mean (the rule's score):", "",
              "| method | " + " | ".join(f"lr {lr:g}" for lr in LR_GRID) + " | chosen |",
              "|---|" + "---|" * (len(LR_GRID) + 1)]
-    for m, t in lrs.items():
-        cells = [" / ".join(f"{t['table'][lr]['dev'][i]:.3f}" for i in TUNE_EVALS) + f" (**{t['table'][lr]['score']:.3f}**)"
-                 for lr in LR_GRID]
-        lines.append(f"| {METHODS[m][0]} | " + " | ".join(cells) + f" | {t['lr']:g} |")
-    missing = [METHODS[m][0] for m in METHODS if m not in lrs]
+    for m, chosen in tuned["lr"].items():
+        dev = {lr: [tuned["dev"][m][f"{lr:g}"][str(i)] for i in TUNE_EVALS] for lr in LR_GRID}
+        cells = [" / ".join(f"{a:.3f}" for a in dev[lr]) + f" (**{statistics.mean(dev[lr]):.3f}**)" for lr in LR_GRID]
+        lines.append(f"| {METHODS[m][0]} | " + " | ".join(cells) + f" | {chosen:g} |")
+    missing = [METHODS[m][0] for m in METHODS if m not in tuned["lr"]]
     if missing:
         lines += ["", f"Not tuned yet: {', '.join(missing)}."]
     for noise in NOISE:
@@ -539,7 +572,7 @@ def write_report(out: Path, path: Path) -> None:
                                          f"{cell([s['kept_faithful'] for s in ss], 2)} | "
                                          f"{cell([s['kept_unfaithful'] for s in ss], 2)} | "
                                          f"{cell([s['kept_wrong'] for s in ss], 2)} |")
-        start_fit = fit_of_solutions(out / "start-fit.json", None)
+        start_fit = start_record["fit"]
         lines += ["", "## What the filter fits: the likelihood of the validation solutions", "",
                   "Mean per-token NLL of the final adapters on the validation solutions that g_val is the gradient "
                   "of (the recipe's last --val-size training rows, at its sampling temperature, as the scores use it) "
@@ -581,20 +614,16 @@ def write_report(out: Path, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
     if results:
         write_figure(results, path.with_name("fair-test.png"))
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    # One run a line: the per-iteration curves would otherwise take a line per number.
-    path.with_name("fair-test-results.json").write_text("[\n" + ",\n".join(json.dumps(r) for r in results) + "\n]\n")
-    path.with_name("fair-test-tuned.json").write_text(json.dumps({m: t["lr"] for m, t in lrs.items()}, indent=1))
-    print(f"[fair-test] wrote {path} ({len(done)} runs)", file=sys.stderr)
+    print(f"[fair-test] wrote {path} ({len(results)} runs)", file=sys.stderr)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(ROOT / "runs" / "fair-test"))
-    parser.add_argument("--report-to", default=str(ROOT / "docs" / "fair-test.md"))
+    parser.add_argument("--report-to", default=str(HERE / "report.md"))
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time, one thread each")
     parser.add_argument("--hours", type=float, default=float("inf"), help="start no run after this many hours")
-    parser.add_argument("--report", action="store_true", help="only write the report from the finished runs")
+    parser.add_argument("--report", action="store_true", help="only write the report and figure from the records")
     args = parser.parse_args(argv)
     out = Path(args.out)
     deadline = time.time() + args.hours * 3600
@@ -605,7 +634,8 @@ def main(argv=None) -> None:
         failed += run_all(grid_jobs(out, lrs), args.parallel, deadline)
         if failed:
             print(f"[fair-test] failed: {', '.join(failed)}", file=sys.stderr)
-    write_report(out, Path(args.report_to))
+        write_records(out)
+    write_report(Path(args.report_to))
 
 
 if __name__ == "__main__":

@@ -42,10 +42,10 @@ sys.path.insert(0, str(ROOT))
 
 from config import parse_config  # noqa: E402
 from data import load_task, make_prompt  # noqa: E402
-from influence import onepass_scores  # noqa: E402
 from model import load_adapter, load_policy  # noqa: E402
 from reward import reward_fn  # noqa: E402
 from rollout import encode_pairs, generate_rollouts  # noqa: E402
+from speedups import onepass_scores  # noqa: E402
 import train  # noqa: E402
 
 BATCHES = 4                 # x 128 fresh episodes at each point
@@ -72,7 +72,7 @@ def measure(run_dir: Path, iteration: int) -> dict:
         rollouts = generate_rollouts(policy, tok, [make_prompt(e.question, cfg.dataset) for e in rows],
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                      temperature=cfg.temperature, seed=it, batch_size=cfg.gen_batch_size,
-                                     progress=False, reference=False)
+                                     progress=False, ref=False)
         buf = train.Buffer(rows, rollouts)
         buf.rewards = torch.tensor([reward_fn(t, rows[j].gold, cfg.dataset, bool(tr), 0.0, False) for t, j, tr in
                                     zip(rollouts.responses, rollouts.prompt_index, rollouts.truncated)])

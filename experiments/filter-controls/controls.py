@@ -40,7 +40,8 @@ from compare import half_width_95  # noqa: E402
 RECORDS = HERE / "records.jsonl"
 ITERATIONS = 150
 RECIPE = [str(ROOT / "configs" / "tiny.toml"), "--eval-every", "10", "--no-plots", "--no-progress"]
-SHARED = ["--passes", "shared"]            # exact (tests/test_passes.py), and faster: the PPO and I-PPO arms
+SHARED = ["--speedups", "all"]           # exact (tests/test_passes.py), and faster: the PPO and I-PPO arms
+                                         # (the records were made when this flag was --passes shared)
 DEV = ["--eval-split", "dev", "--eval-limit", "400"]
 TEST = ["--eval-limit", "500"]
 SCORED = range(50, ITERATIONS + 1, 10)     # the evaluations the tune rule averages

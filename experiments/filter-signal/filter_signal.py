@@ -27,14 +27,15 @@ reasoning of another problem followed by this problem's answer line. Every episo
 a correct one PPO would reinforce (advantage +1 on every token), against g_val of 32 validation
 solutions and against the batch reference; the AUC of true vs each kind of planted one.
 
-    HF_HUB_OFFLINE=1 python bench/filter_signal.py --checkpoints mid=RUN/checkpoints/iter_000075,end=RUN/checkpoints/iter_000150
-    HF_HUB_OFFLINE=1 python bench/filter_signal.py --gsm8k --problems 48
+    HF_HUB_OFFLINE=1 python experiments/filter-signal/filter_signal.py --checkpoints mid=RUN/checkpoints/iter_000075,end=RUN/checkpoints/iter_000150
+    HF_HUB_OFFLINE=1 python experiments/filter-signal/filter_signal.py --gsm8k --problems 48
 
 (RUN: a run of python train.py configs/tiny.toml --keep-checkpoints 200, so that its middle
 checkpoint is kept.) Writes a markdown table to --out (and prints it). The figure is drawn from
 that table, so it shows exactly the numbers written there:
 
-    python bench/filter_signal.py --figure docs/filter-signal.md --out docs/filter-signal.png
+    python experiments/filter-signal/filter_signal.py --figure experiments/filter-signal/README.md \
+        --out experiments/filter-signal/filter-signal.png
 """
 
 from __future__ import annotations
@@ -48,20 +49,21 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402
 from config import Config  # noqa: E402
 from data import load_task, make_prompt  # noqa: E402
-from influence import _flat, detection_auc, onepass_scores, validation_gradient  # noqa: E402
+from influence import detection_auc, validation_gradient  # noqa: E402
 from model import load_adapter, load_policy, lora_parameters  # noqa: E402
 from ppo import policy_loss  # noqa: E402
 from reasoning import label as reasoning_label  # noqa: E402
 from rollout import Rollouts, encode_pairs, generate_rollouts, token_logprobs  # noqa: E402
 from reward import reward_fn  # noqa: E402
+from speedups import onepass_scores  # noqa: E402
 
-RECIPE = "configs/tiny.toml"
+RECIPE = str(ROOT / "configs" / "tiny.toml")
 BUFFERS = 8
 VARIANTS = {
     "default": {},
@@ -121,17 +123,17 @@ def score_buffers(cfg: Config, policy, tokenizer, train_examples, val_seqs, poin
         rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                      temperature=cfg.temperature, seed=train.derived_seed(cfg.seed, it, train.SAMPLING),
-                                     batch_size=cfg.gen_batch_size, progress=False, old=True, reference=False)
+                                     batch_size=cfg.gen_batch_size, progress=False, old=True, ref=False)
         flipped = train.planted_flips(cfg, it, len(rollouts))
         golds = [examples[j].gold for j in rollouts.prompt_index]
         rewards = torch.tensor([reward_fn(t, g, cfg.dataset, bool(tr), cfg.truncation_penalty, f)
                                 for t, g, tr, f in zip(rollouts.responses, golds, rollouts.truncated, flipped)])
         buf = train.Buffer(examples, rollouts, flipped=flipped, rewards=rewards)
         buf.advantages, _, _, _ = train.compute_advantages(cfg, buf)
-        keep, _, metrics = train.select_episodes(it, cfg, policy, buf, val_seqs)
+        keep, _ = train.select_episodes(it, cfg, policy, buf, val_seqs)              # the scores go to buf.scores
         labels = [reasoning_label(t, examples[j].solution, examples[j].gold)
                   for t, j in zip(rollouts.responses, rollouts.prompt_index)]
-        out["score"] += metrics["scores"]
+        out["score"] += buf.scores.tolist()
         out["kept"] += keep.tolist()
         out["correct"] += [lab != "wrong" for lab in labels]
         out["faithful"] += [lab == "faithful" for lab in labels]
@@ -202,7 +204,9 @@ def mean_episode_gradient(policy, rollouts: Rollouts, advantages: torch.Tensor, 
         logprobs, _, _ = token_logprobs(policy, part, temperature)
         loss = policy_loss(logprobs, part.old_logprobs, advantages[s:s + len(part)], part.response_mask, clip_eps).sum()
         grads = torch.autograd.grad(loss, params, allow_unused=True)
-        total += _flat(grads, params)
+        # one fp32 vector over the LoRA parameters, zeros for an unused one (influence.py flattens so)
+        total += torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
+                            for g, p in zip(grads, params)])
     return total / len(rollouts)
 
 

@@ -5,11 +5,11 @@ solutions), does PPO with RECIPE raise greedy exact match on the first 300 arith
 by at least 10 points within 45 minutes of training on the 2-core CPU, for seeds 0 and 1? I-PPO
 runs beside it with the same settings. The recipe was chosen on the validation rows (the last
 64 rows of the training split, `--eval-split val`), never on the test split; the three recipes
-tried there are in the README ("PPO on Gemma-3-270M").
+tried there are in README.md beside this file ("How the recipe was chosen").
 
-    python bench/gemma_arith.py                 # SFT start, then PPO and I-PPO, seeds 0 and 1; resumable
-    python bench/gemma_arith.py --methods ppo   # PPO only
-    python bench/gemma_arith.py --summary-only  # rebuild the table and the plot
+    python experiments/gemma-arith/gemma_arith.py                 # SFT start, then PPO and I-PPO, seeds 0 and 1; resumable
+    python experiments/gemma-arith/gemma_arith.py --methods ppo   # PPO only
+    python experiments/gemma-arith/gemma_arith.py --summary-only  # rebuild the table and the plot from the runs
 
 One run at a time on both cores (the runs are timed). Writes into --out: sft/ (the start),
 <method>-s<seed>/ (train.py run directories, greedy em on the 300 test problems every 5
@@ -24,17 +24,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "experiments" / "tiny-learns")]
 
-from tiny_learns import mean_interval, read_run, run_all  # noqa: E402
+from tiny_learns import mean_interval, read_run, run_all  # noqa: E402  (the tiny world's learning runs, same protocol)
 
 ITERATIONS = 20      # fixed before the runs: about 35 training minutes for one PPO run alone (our estimate from the pilots)
 BUDGET_MIN = 45      # the question's budget: the table also gives em at the last evaluation within it
 EVAL_LIMIT = 300
 SFT = ["--model", "gemma-3-270m", "--dataset", "arith", "--algo", "sft", "--iterations", "60", "--sft-batch-size", "8",
        "--lr", "5e-4", "--eval-every", "0", "--val-size", "64", "--seed", "0", "--no-progress", "--no-plots"]
-# Chosen on the validation rows (README "PPO on Gemma-3-270M"): 64 episodes an iteration, one
+# Chosen on the validation rows (README.md beside this file): 64 episodes an iteration, one
 # minibatch, no KL penalty, learning rate 1e-4 (5e-4 collapsed within 4 iterations), T = 0.7.
 RECIPE = ["--model", "gemma-3-270m", "--dataset", "arith", "--prompts-per-iter", "16", "--samples-per-prompt", "4",
           "--temperature", "0.7", "--max-new-tokens", "32", "--lr", "1e-4", "--kl-beta", "0",

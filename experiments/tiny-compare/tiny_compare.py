@@ -2,18 +2,19 @@
 
 One command runs compare.py on the tiny world with everything fixed here before any result was
 seen: the model tiny-arith-v1 (the first tiny world, tiny_world.py; its own SFT start), the recipe of
-that world (bench/tiny_learns.RECIPE_V1, chosen on the validation rows), the methods PPO, GRPO, I-PPO, I-PPO with
+that world (configs/tiny-v1.toml, chosen on the validation rows), the methods PPO, GRPO, I-PPO, I-PPO with
 the binary filter and the random-filter control, seeds 0-4, reward noise 0 and 0.2 (each
 episode's correctness flipped with probability 0.2), and ITERATIONS iterations of 128 episodes
 per run (the budget that fits the whole comparison in 90 minutes on 2 CPU cores). Final
 evaluation: greedy em on all 500 arith test problems, maj@8 / pass@8 from 8 samples at T = 1 on
 the first 100; the curves against iteration use greedy em on the first 200.
 
-    python bench/tiny_compare.py                      # everything; run it again to resume
-    python bench/tiny_compare.py --seeds 0 --reward-noise 0 --methods ppo,ippo   # a slice
+    python experiments/tiny-compare/tiny_compare.py                      # everything; run it again to resume
+    python experiments/tiny-compare/tiny_compare.py --seeds 0 --reward-noise 0 --methods ppo,ippo   # a slice
 
 Writes runs/tiny-compare/ (compare.md, compare-noise0.png, compare-noise0.2.png, results.json,
-runs/) and prints the table; the README's "Does the influence filter help?" quotes it.
+runs/) and prints the table; README.md beside this file quotes it, and keeps compare.md and the
+two figures as the run wrote them.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path[:0] = [str(ROOT)]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import compare  # noqa: E402
-from tiny_learns import RECIPE_V1 as RECIPE  # noqa: E402  (the first tiny world, as documented)
+from config import load_recipe  # noqa: E402
+
+RECIPE = ROOT / "configs" / "tiny-v1.toml"     # the first tiny world, as documented
 
 # The budget, fixed from measured costs before any run (2 processes of 1 thread each: about
 # 4.9 s per PPO iteration, 5.7 per I-PPO iteration, per process-share of the machine): 12
@@ -45,17 +48,15 @@ METHODS = "ppo,grpo,ippo,ippo-binary,random-filter"
 
 
 def recipe_flags() -> tuple[list[str], list[str]]:
-    """tiny_learns.RECIPE split into compare.py's own flags and --train-args (the rest), with the
-    comparison's evaluation schedule instead of the learning runs'."""
-    own, rest, i = [], [], 0
-    while i < len(RECIPE):
-        flag = RECIPE[i]
-        takes_value = i + 1 < len(RECIPE) and not RECIPE[i + 1].startswith("--")
-        item = RECIPE[i:i + 2] if takes_value else [flag]
-        i += len(item)
-        name = flag[2:].replace("-", "_").removeprefix("no_")
-        if name in ("eval_every", "eval_limit", "iterations", "progress", "plots"):
-            continue                                  # set below
+    """The recipe's settings as flags, split into compare.py's own flags and --train-args (the
+    rest), with the comparison's evaluation schedule instead of the learning runs' and without
+    the settings compare.py sets for each run (the method's --influence among them)."""
+    own, rest = [], []
+    for name, value in load_recipe(RECIPE).items():
+        if name in ("eval_every", "eval_limit", "iterations", "progress", "plots") or "--" + name in compare.OWNED:
+            continue                                  # set below, or by compare.py per run
+        flag = "--" + name.replace("_", "-")
+        item = ([flag] if value else ["--no-" + flag[2:]]) if isinstance(value, bool) else [flag, str(value)]
         (own if name in compare.PASSTHROUGH else rest).extend(item)
     return own, rest + ["--no-plots"]
 

@@ -1,14 +1,17 @@
-"""See PPO learn in minutes: the tiny world's learning runs, with the README's table and curves.
+"""See PPO learn in minutes: the tiny world's learning runs, with their table and curves.
 
 The question, fixed before the runs: starting from the shipped tiny-arith model (tiny_world.py),
 does PPO raise greedy exact match on all 500 arith test problems (3 numbers each) by at least 15
 points within 15 minutes of training on a 2-core CPU, in each of seeds 0, 1 and 2? The recipe
-(RECIPE below) was chosen on held-out training rows (--eval-split dev), never on the test split.
-Beside accuracy, each evaluation logs the unfaithful share of the correct greedy answers
-(reasoning.py).
+(configs/tiny.toml, read as it is) was chosen on held-out training rows (--eval-split dev), never
+on the test split. Beside accuracy, each evaluation logs the unfaithful share of the correct
+greedy answers (reasoning.py).
 
-    python bench/tiny_learns.py                          # PPO, seeds 0-2, two runs at a time; resumable
-    python bench/tiny_learns.py --methods ppo,ippo       # I-PPO beside it, same settings
+    python experiments/tiny-learns/tiny_learns.py                        # PPO, seeds 0-2, two runs at a time; resumable
+    python experiments/tiny-learns/tiny_learns.py --methods ppo,ippo     # I-PPO beside it, same settings
+    python experiments/tiny-learns/tiny_learns.py --summary-only         # the table and curves again, running nothing
+    python experiments/tiny-learns/tiny_learns.py --recipe configs/tiny-v1.toml --out runs/tiny-learns-v1
+                                                                         # the first world's runs
 
 Writes into --out: start.json (the model's starting point on the test split: greedy em, pass@8
 and the unfaithful shares), <variant>-<method>-s<seed>/ (train.py run directories), summary.md
@@ -30,38 +33,32 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-# The recipe (chosen on held-out training rows; see README "See PPO learn in minutes").
+from config import load_recipe  # noqa: E402
+
+# The recipe file, chosen on held-out training rows (docs/tiny-world.md, "How the recipe was
+# chosen"); --recipe configs/tiny-v1.toml gives the first world's runs.
+RECIPE = ROOT / "configs" / "tiny.toml"
 # 150 iterations: about 7 minutes of training for each of two runs sharing 2 cores.
 ITERATIONS = 150
 BUDGET_MIN = 15   # the question's budget: the table also gives em at the last evaluation within it
-RECIPE = ["--model", "tiny-arith", "--dataset", "arith", "--arith-terms", "3", "--prompts-per-iter", "32",
-          "--samples-per-prompt", "4", "--temperature", "0.5", "--max-new-tokens", "40", "--lr", "1e-3",
-          "--kl-beta", "0", "--val-size", "256", "--val-batch-size", "64", "--minibatch-size", "128",
-          "--micro-batch-size", "128",
-          "--gen-batch-size", "128",
-          "--eval-every", "10", "--eval-limit", "500", "--eval-max-new-tokens", "40", "--no-progress", "--no-plots"]
-# The first tiny world's recipe (2-number problems, character tokens), for the documents that used it.
-RECIPE_V1 = ["--model", "tiny-arith-v1", "--dataset", "arith", "--prompts-per-iter", "32",
-             "--samples-per-prompt", "4", "--temperature", "0.5", "--max-new-tokens", "40", "--lr", "1e-3",
-             "--kl-beta", "0", "--minibatch-size", "128", "--micro-batch-size", "32", "--gen-batch-size", "64",
-             "--eval-every", "10", "--eval-limit", "500", "--eval-max-new-tokens", "40", "--no-progress", "--no-plots"]
 METHODS = {"ppo": ["--influence", "off"], "ippo": ["--influence", "on"]}
-# The critic settings before this change (the value head still starts at zero in both).
-VARIANTS = {"new": [], "old": ["--lam", "0.95", "--value-lr", RECIPE[RECIPE.index("--lr") + 1],
-                               "--value-clip-eps", "0.2", "--adv-std-floor", "0"]}
+# The critic settings before this change (the value head still starts at zero in both; the old
+# value learning rate was the recipe's own --lr, added in main).
+VARIANTS = {"new": [], "old": ["--lam", "0.95", "--value-clip-eps", "0.2", "--adv-std-floor", "0"]}
 LABELS = {"ppo": "PPO", "ippo": "I-PPO", "new": "critic as now", "old": "old critic"}
 
 
-def start_point(out: Path) -> dict:
+def start_point(out: Path, recipe: dict) -> dict:
     """Greedy em, pass@8 and the unfaithful share of the correct answers (8 samples at T = 1) of
-    the untrained tiny-arith on all 500 test problems."""
+    the recipe's untrained model on all 500 test problems."""
     path = out / "start.json"
     if not path.exists():
-        cmd = [sys.executable, "evaluate.py", "--model", "tiny-arith", "--dataset", "arith", "--arith-terms",
-               RECIPE[RECIPE.index("--arith-terms") + 1], "--metrics", "em,pass@1,pass@8,maj@8", "--samples", "8",
+        terms = ["--arith-terms", str(recipe["arith_terms"])] if "arith_terms" in recipe else []
+        cmd = [sys.executable, "evaluate.py", "--model", recipe["model"], "--dataset", recipe["dataset"], *terms,
+               "--metrics", "em,pass@1,pass@8,maj@8", "--samples", "8",
                "--max-new-tokens", "40", "--limit", "0", "--batch-size", "128", "--no-progress", "--out", str(path)]
         print("[start]", " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True)
@@ -160,13 +157,13 @@ def fmt(x) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def summarize(out: Path, start: dict, parallel: int, runs: dict) -> None:
+def summarize(out: Path, start: dict, parallel: int, runs: dict, model: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     em = start["metrics"]["em"]
-    lines = [f"Start (tiny-arith, all {start['n']} test problems): greedy em {em['value']:.3f} +- {em['stderr']:.3f}, "
+    lines = [f"Start ({model}, all {start['n']} test problems): greedy em {em['value']:.3f} +- {em['stderr']:.3f}, "
              f"pass@8 {start['metrics']['pass@8']['value']:.3f}, maj@8 {start['metrics']['maj@8']['value']:.3f}"
              + "".join(f"; unfaithful share of the correct {kind} answers {r['unfaithful_of_correct']:.3f} +- "
                        f"{r['unfaithful_of_correct_stderr']:.3f} ({r['unfaithful']}/{r['n_correct']})"
@@ -238,7 +235,7 @@ def summarize(out: Path, start: dict, parallel: int, runs: dict) -> None:
     axes[0].legend(fontsize=8)
     axes[1].axvline(BUDGET_MIN, color="k", linewidth=0.8, linestyle=":")
     shown = sorted({LABELS[m] for _, m, _ in runs})
-    fig.suptitle(f"tiny-arith: {' and '.join(shown)}, one line per seed (dashed: the starting model; "
+    fig.suptitle(f"{model}: {' and '.join(shown)}, one line per seed (dashed: the starting model; "
                  f"dotted: {BUDGET_MIN} training minutes)")
     fig.tight_layout()
     fig.savefig(out / "learning.png", dpi=110)
@@ -246,6 +243,7 @@ def summarize(out: Path, start: dict, parallel: int, runs: dict) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--recipe", default=str(RECIPE), help="the recipe file every run starts from")
     parser.add_argument("--out", default="runs/tiny-learns-v2")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--methods", default="ppo")
@@ -258,7 +256,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     out = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    start = start_point(out)
+    recipe = load_recipe(Path(args.recipe))
+    flags = [str(Path(args.recipe).resolve()), "--no-progress", "--no-plots"]
+    variants = dict(VARIANTS, old=[*VARIANTS["old"], "--value-lr", str(recipe["lr"])])
+    start = start_point(out, recipe)
     jobs, keys = [], []
     # Order: PPO with both critics first, then I-PPO (so an interrupted session has the main
     # comparison first).
@@ -268,12 +269,13 @@ def main(argv=None) -> None:
                 run_dir = out / f"{variant}-{method}-s{seed}"
                 if not args.summary_only:
                     run_dir.mkdir(exist_ok=True)
-                jobs.append((run_dir, [*RECIPE, "--iterations", str(args.iterations), *METHODS[method], *VARIANTS[variant], "--seed", seed,
+                jobs.append((run_dir, [*flags, "--iterations", str(args.iterations), *METHODS[method], *variants[variant], "--seed", seed,
                                        "--run-dir", str(run_dir)]))
                 keys.append(((variant, method, int(seed)), run_dir))
     if not args.summary_only:
         run_all(out, jobs, args.parallel, args.iterations)
-    summarize(out, start, args.parallel, {key: read_run(run_dir) for key, run_dir in keys if (run_dir / "metrics.jsonl").exists()})
+    summarize(out, start, args.parallel, {key: read_run(run_dir) for key, run_dir in keys if (run_dir / "metrics.jsonl").exists()},
+              recipe["model"])
 
 
 if __name__ == "__main__":

@@ -1,15 +1,16 @@
 """Does a larger validation set make I-PPO learn? --val-size 32 (the recipe's) against 256, on
 held-out training rows.
 
-Why: the filter diagnostic (docs/filter-signal.md) found that the score tells faithful from
-unfaithful reasoning only with 256 validation solutions, and the fair test (docs/fair-test.md)
-that I-PPO's updates fit its 32 validation solutions while test accuracy stalls. This script
-decides the default on validation data; the test split is not looked at.
+Why: the filter diagnostic (experiments/filter-signal/README.md) found that the score tells
+faithful from unfaithful reasoning only with 256 validation solutions, and the fair test
+(experiments/fair-test/README.md) that I-PPO's updates fit its 32 validation solutions while
+test accuracy stalls. This script decides the default on validation data; the test split is not
+looked at.
 
 Fixed before any run:
 
   runs          I-PPO, configs/tiny.toml, the fair test's settings (--passes shared, lr 1e-3:
-                I-PPO's tuned rate in docs/fair-test-tuned.json), ITERATIONS iterations,
+                I-PPO's tuned rate in experiments/fair-test/tuned.json), ITERATIONS iterations,
                 seeds SEEDS, --val-size 32 and 256
   measured      greedy exact match on --eval-split dev --eval-limit 400 every 10 iterations:
                 the 400 training rows before the validation rows, which neither the update nor
@@ -30,12 +31,14 @@ the kept fraction of the first and last 10 iterations.
 
 Resumable (a finished run is kept, a started one continues); two runs at a time, one thread
 each, as the fair test. Each finished test-split run is summarised, with its curve and the
-machine it ran on, in docs/val-size-test.json (one run a line), so the figures outlive the run
-directories; the report is written from that file, grouped by machine.
+machine it ran on, in test-runs.json beside this file (one run a line), so the figures outlive
+the run directories; report.md and test-curves.png beside it are written from that file alone,
+grouped by machine. The dev runs' table is printed (and written to --out) while their run
+directories exist; it has no record.
 
-    HF_HUB_OFFLINE=1 python bench/val_size.py --out runs/val-size                 # dev runs, then report
-    HF_HUB_OFFLINE=1 python bench/val_size.py --out runs/val-size --phase test    # the test-split runs
-    HF_HUB_OFFLINE=1 python bench/val_size.py --out runs/val-size --report        # only the report
+    HF_HUB_OFFLINE=1 python experiments/val-size/val_size.py --out runs/val-size                # dev runs, then report
+    HF_HUB_OFFLINE=1 python experiments/val-size/val_size.py --out runs/val-size --phase test   # the test-split runs
+    python experiments/val-size/val_size.py --report        # report.md and test-curves.png from test-runs.json
 """
 
 from __future__ import annotations
@@ -49,9 +52,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "fair-test"))
 
-from fair_test import PASSES, RECIPE, ROOT, final_eval, read_metrics, run_all  # noqa: E402
+from fair_test import PASSES, RECIPE, final_eval, read_metrics, run_all  # noqa: E402  (the fair test's protocol)
 from compare import finished, half_width_95  # noqa: E402
 
 ITERATIONS = 150
@@ -61,7 +65,8 @@ LR = 1e-3
 SCORED = range(50, ITERATIONS + 1, 10)     # the evaluations the rule averages
 TEST_SEEDS = [0, 1, 2, 3, 4]
 TEST_METHODS = {"ppo": ["--influence", "off"], "ippo": ["--influence", "on"]}
-RECORD = ROOT / "docs" / "val-size-test.json"
+RECORD = HERE / "test-runs.json"
+REPORT, FIGURE = HERE / "report.md", HERE / "test-curves.png"   # written from RECORD alone
 
 
 def jobs(out: Path) -> list[dict]:
@@ -247,9 +252,9 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--hours", type=float, default=24.0, help="start no run after this many hours")
     parser.add_argument("--phase", choices=("dev", "test"), default="dev")
-    parser.add_argument("--report", action="store_true", help="only write the report from the finished runs")
+    parser.add_argument("--report", action="store_true", help="run nothing: the record of the finished runs "
+                        "(if any are in --out), then report.md and test-curves.png from it")
     parser.add_argument("--record", type=Path, default=RECORD, help="the test-split runs' summaries (JSON)")
-    parser.add_argument("--figure", type=Path, help="also draw the test-split curves into this PNG")
     args = parser.parse_args()
     if not args.report:
         todo = jobs(args.out) if args.phase == "dev" else test_jobs(args.out)
@@ -257,12 +262,12 @@ def main() -> None:
         if failed:
             print(f"[val-size] failed: {', '.join(failed)}", file=sys.stderr)
     record = update_record(args.out, args.record, machine())
+    REPORT.write_text(test_report(record))
+    figure(record, FIGURE)
     text = report(args.out, record)
-    if args.figure:
-        figure(record, args.figure)
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "report.md").write_text(text)
+    if args.out.exists():
+        (args.out / "report.md").write_text(text)
 
 
 if __name__ == "__main__":

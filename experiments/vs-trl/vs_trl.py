@@ -1,10 +1,11 @@
 """Seconds per step: our GRPO, PPO and I-PPO against TRL's GRPOTrainer on the same work.
 
     pip install trl==1.16.0                     # benchmark only; not in requirements.txt
-    HF_HUB_OFFLINE=1 python bench/vs_trl.py                         # tiny-arith, then Gemma-3-270M
-    HF_HUB_OFFLINE=1 python bench/vs_trl.py --models tiny-arith --runs 1 --steps 3   # a quick check
-    HF_HUB_OFFLINE=1 python bench/vs_trl.py --models gemma-3-270m --prompts 4 --samples 4 --new-tokens 24
+    HF_HUB_OFFLINE=1 python experiments/vs-trl/vs_trl.py              # tiny-arith, then Gemma-3-270M
+    HF_HUB_OFFLINE=1 python experiments/vs-trl/vs_trl.py --models tiny-arith --runs 1 --steps 3   # a quick check
+    HF_HUB_OFFLINE=1 python experiments/vs-trl/vs_trl.py --models gemma-3-270m --prompts 4 --samples 4 --new-tokens 24
                                                  # the 270M at a size 2 cores run in minutes a step
+    python experiments/vs-trl/vs_trl.py --report experiments/vs-trl/vs-trl-tiny.json   # a record's table again
 
 The same work on both sides: one model (tiny-arith, the tiny world's 1M-parameter Gemma-3, or
 the offline Gemma-3-270M), arith prompts in our prompt format, --prompts x --samples episodes
@@ -37,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
 import data  # noqa: E402
@@ -148,9 +149,15 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--trainers", default="TRL GRPOTrainer,GRPO,PPO,I-PPO",
                         help="which to run, in this order (comma-separated); a ratio to one not run is nan")
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
+    parser.add_argument("--report", nargs="+", metavar="RECORD", help="run nothing: the table of records written "
+                        "with --out before")
     parser.add_argument("--single", nargs=2, metavar=("MODEL", "TRAINER"),
                         help="(internal) one run of one configuration in this process; --out gets its medians")
     args = parser.parse_args(argv)
+    if args.report:
+        rows = [row for path in args.report for row in json.loads(Path(path).read_text())]
+        print(table(rows))
+        return rows
     work = Work(args.prompts, args.samples, args.new_tokens)
     if args.single:
         model, name = args.single
@@ -177,15 +184,22 @@ def main(argv=None) -> list[dict]:
         for name, res in results.items():
             rows.append({"model": model, "trainer": name, **res, "vs_trl": res["seconds"] / trl, "runs": runs,
                          "steps": args.steps, **asdict(work)})
-    print("\n| model | trainer | s per step | ms per 1000 generated tokens | / TRL | / our PPO |\n"
-          "|---|---|---|---|---|---|")
-    for r in rows:
-        ppo = next((p["seconds"] for p in rows if p["model"] == r["model"] and p["trainer"] == "PPO"), float("nan"))
-        print(f"| {r['model']} | {r['trainer']} | {r['seconds']:.3f} | {r['ms_per_1k_tokens']:.0f} | "
-              f"{r['vs_trl']:.2f} | {r['seconds'] / ppo:.2f} |")
+    print("\n" + table(rows))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))
     return rows
+
+
+def table(rows: list[dict]) -> str:
+    """Seconds per step of each row, per 1000 generated tokens, and over TRL's and our PPO's of
+    the same record (nan: not in it)."""
+    lines = ["| model | trainer | s per step | ms per 1000 generated tokens | / TRL | / our PPO |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        ppo = next((p["seconds"] for p in rows if p["model"] == r["model"] and p["trainer"] == "PPO"), float("nan"))
+        lines.append(f"| {r['model']} | {r['trainer']} | {r['seconds']:.3f} | {r['ms_per_1k_tokens']:.0f} | "
+                     f"{r['vs_trl']:.2f} | {r['seconds'] / ppo:.2f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,19 @@
 """Throughput of the tiny world, first world against today's, each on its own README recipe.
 
-    HF_HUB_OFFLINE=1 python bench/world_speed.py                 # 3 rounds of 6 iterations, seed 0
-    HF_HUB_OFFLINE=1 python bench/world_speed.py --rounds 1 --iterations 3   # a quick look
+    HF_HUB_OFFLINE=1 python experiments/world-speed/world_speed.py --rounds 6 --out experiments/world-speed/world-speed.json
+    HF_HUB_OFFLINE=1 python experiments/world-speed/world_speed.py --rounds 1 --iterations 3   # a quick look
+    python experiments/world-speed/world_speed.py --report       # the table again, from world-speed.json
 
 Three arms, each a train.py run in a fresh process, PPO (--influence off), 128 episodes an
 iteration, no evaluation:
   first world, old code  the first world (tiny-arith-v1: 2-number problems, a character
-                         tokenizer, prompts of about 105 tokens) on its recipe, run by the code
+                         tokenizer, prompts of about 105 tokens) on its recipe (configs/tiny-v1.toml,
+                         given to the old code as flags: it reads no recipe file), run by the code
                          as it was when that world was the README's (git revision BASELINE_REV,
                          2026-12-05 08:12 UTC, extracted to a temporary folder): the baseline
   first world, today     the same world and recipe on today's code
   this world, today      tiny-arith (3-number problems, a word tokenizer, prompts of about 35
-                         tokens) on today's recipe (bench/tiny_learns.RECIPE)
+                         tokens) on today's recipe (configs/tiny.toml)
 The new world over the baseline is what a user of the README's first command gains; over the
 first world on today's code, what the world alone gains (today's code speeds up both worlds).
 The seconds come from metrics.jsonl (the iteration's phases, without the checkpoint written
@@ -35,29 +37,52 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 from compare import half_width_95  # noqa: E402
-from tiny_learns import RECIPE, RECIPE_V1  # noqa: E402
+from config import load_recipe, parse_config  # noqa: E402
 
+RECIPE, RECIPE_V1 = ROOT / "configs" / "tiny.toml", ROOT / "configs" / "tiny-v1.toml"
+RECORD = HERE / "world-speed.json"
 BASELINE_REV = "46e304c"   # the last code of the first world (2026-12-05 08:12 UTC)
 ARMS = ["first world, old code", "first world, today", "this world, today"]
 
 
-def flag(recipe: list[str], name: str, default: str) -> str:
-    return recipe[recipe.index(name) + 1] if name in recipe else default
+def as_flags(recipe: Path) -> list[str]:
+    """The recipe file's settings as train.py flags, for code that reads no recipe file."""
+    flags = []
+    for name, value in load_recipe(recipe).items():
+        flag = "--" + name.replace("_", "-")
+        flags += ([flag] if value else ["--no-" + flag[2:]]) if isinstance(value, bool) else [flag, str(value)]
+    return flags
 
 
-def prompt_tokens(recipe: list[str]) -> float:
+def prompt_tokens(recipe: Path) -> float:
     """Mean prompt length in tokens (BOS included) over the training prompts of the recipe's world."""
     from data import generate_arith, make_prompt
     from model import load_policy
 
-    _, tok = load_policy(flag(recipe, "--model", ""), quiet=True)
-    rows = generate_arith("train", terms=int(flag(recipe, "--arith-terms", "2")))[:1000]
+    cfg = parse_config([str(recipe)])
+    _, tok = load_policy(cfg.model, quiet=True)
+    rows = generate_arith("train", terms=cfg.arith_terms)[:1000]
     return statistics.mean(len(tok(make_prompt(e.question, "arith"))["input_ids"]) for e in rows)
+
+
+def report(record: dict) -> str:
+    """The table of the arms and the ratios of episodes per second, from a record main wrote."""
+    lines = ["| arm | s/iteration | episodes/s | tokens/episode | tokens/s | phases (median s): sampling + old "
+             "log-probs, update |", "|---|---|---|---|---|---|"]
+    for name, t in record["table"].items():
+        phases = [statistics.median(r["phases"][p] for r in t["runs"]) for p in ("rollout", "update")]
+        lines.append(f"| {name} | {t['seconds_per_iteration']:.2f} | {t['episodes_per_s']:.1f} | "
+                     f"{t['tokens_per_episode']:.1f} | {t['tokens_per_s']:.0f} | {phases[0]:.2f}, {phases[1]:.2f} |")
+    lines.append("")
+    for base, r in record["ratios"].items():
+        lines.append(f"episodes/s, {ARMS[2]} / {base}: rounds {', '.join(f'{x:.2f}' for x in r['rounds'])}; "
+                     f"mean {r['mean']:.2f}" + (f" ± {r['half_width_95']:.2f} (95% t)" if r["half_width_95"] else ""))
+    return "\n".join(lines)
 
 
 def run(code: Path, recipe: list[str], iterations: int, seed: int, out: Path) -> list[dict]:
@@ -73,10 +98,14 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    parser.add_argument("--report", action="store_true", help=f"run nothing: print the table of {RECORD.name}")
     args = parser.parse_args()
+    if args.report:
+        print(report(json.loads(RECORD.read_text())))
+        return
     from model import model_source
     v1_dir = model_source("tiny-arith-v1")                                   # builds it on first use
-    baseline_recipe = list(RECIPE_V1)
+    baseline_recipe = as_flags(RECIPE_V1)
     baseline_recipe[baseline_recipe.index("--model") + 1] = str(v1_dir)    # the same model, by its folder
     first = prompt_tokens(RECIPE_V1)
     prompts = {ARMS[0]: first, ARMS[1]: first, ARMS[2]: prompt_tokens(RECIPE)}
@@ -86,7 +115,7 @@ def main() -> None:
         baseline.mkdir()
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", BASELINE_REV], check=True, capture_output=True)
         subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive.stdout, check=True)
-        arms = {ARMS[0]: (baseline, baseline_recipe), ARMS[1]: (ROOT, RECIPE_V1), ARMS[2]: (ROOT, RECIPE)}
+        arms = {ARMS[0]: (baseline, baseline_recipe), ARMS[1]: (ROOT, [str(RECIPE_V1)]), ARMS[2]: (ROOT, [str(RECIPE)])}
         for r in range(args.rounds):
             order = ARMS[r % 3:] + ARMS[:r % 3]
             for name in order:
@@ -109,21 +138,17 @@ def main() -> None:
         table[name] = {"seconds_per_iteration": seconds, "episodes_per_s": episodes / seconds,
                        "tokens_per_episode": tokens, "prompt_tokens": prompts[name],
                        "tokens_per_s": episodes * tokens / seconds, "runs": runs}
-    print(f"{'arm':<22} {'s/iteration':>11} {'episodes/s':>10} {'tokens/episode':>14} {'tokens/s':>9}")
-    for name, t in table.items():
-        print(f"{name:<22} {t['seconds_per_iteration']:>11.2f} {t['episodes_per_s']:>10.1f} "
-              f"{t['tokens_per_episode']:>14.1f} {t['tokens_per_s']:>9.0f}")
     ratios = {}
     for base in ARMS[:2]:
         per = [(n["episodes"] / n["seconds"]) / (o["episodes"] / o["seconds"])
                for o, n in zip(per_round[base], per_round[ARMS[2]])]
-        mean = statistics.mean(per)
-        ratios[base] = {"rounds": per, "mean": mean, "half_width_95": half_width_95(per) if len(per) > 1 else None}
-        print(f"episodes/s, {ARMS[2]} / {base}: rounds {', '.join(f'{x:.2f}' for x in per)}; mean {mean:.2f}"
-              + (f" +- {half_width_95(per):.2f} (95% t)" if len(per) > 1 else ""))
+        ratios[base] = {"rounds": per, "mean": statistics.mean(per),
+                        "half_width_95": half_width_95(per) if len(per) > 1 else None}
+    record = {"table": table, "ratios": ratios, "baseline_rev": BASELINE_REV, "rounds": args.rounds,
+              "iterations": args.iterations}
+    print(report(record))
     if args.out:
-        Path(args.out).write_text(json.dumps({"table": table, "ratios": ratios, "baseline_rev": BASELINE_REV,
-                                              "rounds": args.rounds, "iterations": args.iterations}, indent=2))
+        Path(args.out).write_text(json.dumps(record, indent=2))
 
 if __name__ == "__main__":
     main()
