@@ -80,11 +80,12 @@ def pass_costs(recipe: list[str], seed: int, repeats: int = 5) -> dict:
     import train
     from config import parse_config
     from data import load_task, make_prompt
-    from influence import onepass_scores, validation_gradient
+    from influence import validation_gradient
     from model import load_policy, lora_parameters
     from ppo import policy_loss
     from reward import reward_fn
     from rollout import encode_pairs, generate_rollouts, token_logprobs
+    from speedups import onepass_scores
 
     cfg = parse_config([*recipe, "--influence", "on", "--seed", str(seed)])
     torch.manual_seed(cfg.seed)
