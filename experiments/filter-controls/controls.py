@@ -119,6 +119,9 @@ def job(run_dir: Path, arm: str, seed: int, phase: str, flags: list[str], settin
 
 
 def finished(job: dict) -> bool:
+    """Recorded in records.jsonl already, or its run directory holds the last iteration."""
+    if any(r["name"] == job["name"] for r in read_records()):
+        return True
     path = job["run_dir"] / "metrics.jsonl"
     return path.exists() and any(json.loads(line).get("iteration") == ITERATIONS
                                  for line in path.read_text().splitlines() if line)
@@ -137,7 +140,7 @@ def run_all(jobs: list[dict], parallel: int, deadline: float, on_finish) -> None
     every job finished, before or now."""
     done = {j["name"] for j in jobs if finished(j)}
     for j in jobs:
-        if j["name"] in done:
+        if j["name"] in done and (j["run_dir"] / "metrics.jsonl").exists():
             on_finish(j)
     pending, running = [j for j in jobs if j["name"] not in done], []
     print(f"[controls] {len(done)} of {len(jobs)} runs done before", file=sys.stderr)
