@@ -187,7 +187,7 @@ def evaluate(policy, tokenizer, examples, task: str, *, metrics="em", samples: i
     problem: question, gold; greedy response, pred, correct, truncated (em); "samples":
     [{response, pred, correct, truncated}] and per-metric fields (maj@k, pass@k)]}, and, when
     em is asked, its "accuracy", "stderr", "n_correct", "n_unparsed", "n_truncated" at the
-    top level too (what train.run_eval reads). On arith also "reasoning": {"greedy" (em asked),
+    top level too (what logbook.run_eval reads). On arith also "reasoning": {"greedy" (em asked),
     "samples" (samples drawn): the label counts, the unfaithful share of the correct and the
     faithful accuracy, each with its standard error} (reasoning_summary)."""
     metrics = parse_metrics(metrics) if isinstance(metrics, str) else list(metrics)

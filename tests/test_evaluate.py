@@ -148,7 +148,7 @@ def greedy_by_hand(policy, tokenizer, prompt, max_new_tokens):
 def test_train_run_eval_call_and_greedy_matches_a_hand_written_loop(tiny_policy):
     policy, tokenizer = tiny_policy
     examples = data.load_task("gsm8k", "test", "local").examples[:3]
-    # The call train.run_eval makes, and the keys it reads.
+    # The call logbook.run_eval makes, and the keys it reads.
     result = ev.evaluate(policy, tokenizer, examples, "gsm8k", max_new_tokens=6, batch_size=2, progress=False)
     assert {"accuracy", "stderr", "n", "n_unparsed", "n_truncated"} <= set(result)
     assert result["n"] == 3 and result["metrics"]["em"]["value"] == result["accuracy"]

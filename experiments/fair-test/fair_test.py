@@ -76,7 +76,7 @@ import torch  # noqa: E402
 
 RECIPE = "configs/tiny.toml"            # relative to ROOT, where every run starts
 RESULTS, TUNED, START = HERE / "results.json", HERE / "tuned.json", HERE / "start.json"   # the records
-# Every run shares pi_old's forward with the scoring or the update: --passes shared when the grid
+# Every run shares pi_old's forward with the scoring or the update: --passes shared (today --speedups all) when the grid
 # ran, --speedups all today (the same numbers as --speedups on up to float rounding, tests/test_passes.py).
 PASSES = ["--speedups", "all"]
 # The design's validation set: 32 solutions, the recipe's when the grid ran (256 today).
