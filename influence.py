@@ -53,15 +53,9 @@ import torch
 from tqdm import tqdm
 
 import speedups
-from model import lora_parameters
+from model import flat_gradient, lora_parameters
 from ppo import policy_loss
 from rollout import Rollouts, Sequences, token_logprobs
-
-
-def _flat(grads, params) -> torch.Tensor:
-    """Concatenate per-parameter gradients into one fp32 vector (zeros for unused ones)."""
-    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
-                      for g, p in zip(grads, params)])
 
 
 def sft_nll(policy, seqs: Sequences, temperature: float = 1.0, fast: bool = True):
@@ -90,7 +84,7 @@ def validation_gradient(policy, val_seqs: Sequences, batch_size: int = 8, progre
     for part in tqdm(batches, desc="g_val", unit="batch", disable=not progress, leave=False):
         nll, _ = sft_nll(policy, part, temperature, fast)
         loss = nll.sum() / n_tokens_total
-        g_val += _flat(torch.autograd.grad(loss, params, allow_unused=True), params)
+        g_val += flat_gradient(torch.autograd.grad(loss, params, allow_unused=True), params)
     return g_val
 
 
@@ -107,7 +101,7 @@ def episode_gradients(policy, rollouts: Rollouts, advantages: torch.Tensor, *, c
         logprobs, _, _ = token_logprobs(policy, episode, temperature, fast=False)   # (1, T)
         loss_i = policy_loss(logprobs, episode.old_logprobs, advantages[i:i + 1],
                              episode.response_mask, clip_eps)[0]
-        rows.append(_flat(torch.autograd.grad(loss_i, params, allow_unused=True), params))
+        rows.append(flat_gradient(torch.autograd.grad(loss_i, params, allow_unused=True), params))
     return torch.stack(rows)
 
 

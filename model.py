@@ -21,6 +21,7 @@ Public functions:
     adapters_disabled(model)        context manager: the reference policy pi_ref
     load_reference_adapter(policy, dir) a checkpoint's LoRA tensors as a frozen reference adapter
     lora_parameters(model)          the LoRA tensors in a fixed order (what influence scores use)
+    flat_gradient(grads, params)    their gradients as one flat fp32 vector
     Policy                          LM + value head: hidden_states, response_hidden_states,
                                       logits, token_logprobs (log_softmax and gather), value
     save_adapter(policy, dir, lora), load_adapter(policy, dir, with_value_head=True),
@@ -127,6 +128,13 @@ def trim_left_padding(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
     same numbers, since positions and attention come from the mask."""
     start = int(prompt_mask.any(0).long().argmax())
     return prompt_ids[:, start:], prompt_mask[:, start:]
+
+
+def flat_gradient(grads, params) -> torch.Tensor:
+    """Per-parameter gradients (in the order of `params`) as one flat fp32 vector, zeros for a
+    parameter the loss does not use: the layout g_val and every g_i share."""
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
+                      for g, p in zip(grads, params)])
 
 
 def lora_parameters(model: nn.Module) -> list[nn.Parameter]:

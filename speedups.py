@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model import LoRALinear, lora_parameters, trim_left_padding
+from model import LoRALinear, flat_gradient, lora_parameters, trim_left_padding
 from ppo import policy_loss
 
 
@@ -163,12 +163,6 @@ def length_batches(seqs, batch_size: int) -> list:
 
 # ----------------------------------------------------------------------------- one-pass scores
 
-def _flat(grads, params) -> torch.Tensor:
-    """Concatenate per-parameter gradients into one fp32 vector (zeros for unused ones)."""
-    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
-                      for g, p in zip(grads, params)])
-
-
 def onepass_scores(policy, rollouts, advantages: torch.Tensor, g_val: torch.Tensor, *, clip_eps: float,
                    temperature: float, batch_size: int = 16) -> torch.Tensor:
     """s_i = g_i . g_val for every episode from ONE forward and backward of sum_i L_i.
@@ -273,7 +267,7 @@ def _episode_loss_backward(policy, f: ScoringForward, old_logprobs, advantages, 
     params = lora_parameters(policy)
     idx = f.index.to(advantages.device)
     loss = policy_loss(f.logprobs, old_logprobs[idx], advantages[idx], f.mask, clip_eps).sum()
-    return _flat(torch.autograd.grad(loss, params, allow_unused=True), params)
+    return flat_gradient(torch.autograd.grad(loss, params, allow_unused=True), params)
 
 
 def _lora_slices(policy, vector: torch.Tensor) -> list:
