@@ -57,9 +57,10 @@ from pathlib import Path
 
 import train
 from config import add_config_flags
-from data import load_task
-from evaluate import main as evaluate_main, metric_name, parse_metrics
-from model import model_source
+from tasks import load_task
+from accuracy import metric_name, parse_metrics
+from evaluate import main as evaluate_main
+from offline_models import model_source
 from report import faithful_accuracy
 
 ROOT = Path(__file__).resolve().parent

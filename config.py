@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from data import ARITH_DIGITS, ARITH_TERMS
-from model import OFFLINE_DEFAULT, ModelInfo
+from tasks import ARITH_DIGITS, ARITH_TERMS
+from model import ModelInfo
 from reward import TASKS
 
 DESCRIPTION = "I-PPO: Influence-Guided PPO post-training of an LLM on math word problems."
@@ -43,7 +43,8 @@ def flag(default, help, **kw):
 @dataclass
 class Config:
     # what to train
-    model: str = flag(OFFLINE_DEFAULT, "hub id (google/gemma-3-1b-it), local directory, or the offline default")
+    model: str = flag("gemma-3-270m", "hub id (google/gemma-3-1b-it), local directory, or an offline model "
+                                        "(offline_models.py: gemma-3-270m, tiny-arith)")
     dataset: str = flag("gsm8k", "task to train and evaluate on", choices=TASKS)
     data_source: str = flag("auto", "auto: the hub if it has the task, unless HF_HUB_OFFLINE=1 or unreachable; "
                             "else data/", choices=("auto", "hub", "local"))

@@ -23,6 +23,7 @@ so single-process code paths are the same code.
 
 Public:
     setup() -> Dist or Single  initialise from torchrun's environment (or a single process)
+    SINGLE                     the Single every function defaults to
     Dist.sum(t)              element-wise sum over ranks (in place, returned)
     Dist.cat(t)              1-D tensors of any length from every rank, concatenated in rank order
     Dist.offset(n)           where this rank's n items start in that concatenation
@@ -84,6 +85,9 @@ class Single:
 
     def close(self) -> None:
         pass
+
+
+SINGLE = Single()  # one process: every collective below is the identity
 
 
 @dataclass

@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 
 from evaluate import resolve_adapter
-from model import ADAPTER_FILE, model_source, read_adapter_config
+from model import ADAPTER_FILE, read_adapter_config
+from offline_models import model_source
 
 PREFIX = "lm."                        # our Policy keeps the causal LM as `lm`
 PEFT_PREFIX = "base_model.model."     # PeftModel wraps the causal LM as base_model.model

@@ -44,7 +44,6 @@ Public functions (the definitions; speedups.py computes the same scores in one p
     binary_filter(scores)                        -> the same filter, every kept weight 1
     random_filter(scores, generator)             -> drop as many as the scores would, at random
     dtv_filter(scores)                           -> keep s_i >= 0, every kept weight 1
-    detection_auc(scores, positive)              -> how well the scores rank the positives first
 """
 
 from __future__ import annotations
@@ -156,17 +155,3 @@ def dtv_filter(scores: torch.Tensor):
     batch's (s_i >= 0), each weighted 1; it does not reweight."""
     keep = scores >= 0
     return keep, keep.to(scores.dtype)
-
-
-def detection_auc(scores: torch.Tensor, positive: torch.Tensor) -> float | None:
-    """The area under the ROC curve of `scores` for telling the `positive` episodes (bool (N,))
-    from the others: the probability that a random positive scores above a random negative,
-    ties counting one half (Mann-Whitney). 1: every positive above every negative; 0.5: no
-    better than chance. None when either class is empty. With planted reward noise the
-    positives are the episodes whose reward was not flipped (train.py --reward-noise)."""
-    pos, neg = scores[positive].double(), scores[~positive].double()
-    if len(pos) == 0 or len(neg) == 0:
-        return None
-    above = (pos[:, None] > neg[None, :]).double().mean()             # every (positive, negative) pair
-    ties = (pos[:, None] == neg[None, :]).double().mean()
-    return (above + 0.5 * ties).item()

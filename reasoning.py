@@ -60,7 +60,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from data import arith_steps
+from tasks import arith_steps
 from reward import extract_answer, is_correct
 
 LABELS = ("faithful", "unfaithful", "wrong")

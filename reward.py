@@ -8,7 +8,7 @@ MATH-style check is bounded three ways: input caps (MAX_ANSWER_CHARS, MAX_NESTIN
 syntactic guard against huge integers (_too_costly), and a wall-clock limit
 (MATH_VERIFY_TIMEOUT_S, in any thread); a check that hits one counts as a wrong answer.
 
-Correctness per task (the tasks and their data: data.py): gsm8k and arith compare normalised
+Correctness per task (the tasks and their data: tasks.py): gsm8k and arith compare normalised
 numbers; the MATH-style tasks compare LaTeX answers for mathematical equivalence with
 math-verify (within MATH_VERIFY_TIMEOUT_S); ecqa accepts the option letter or the option's text.
 
@@ -17,7 +17,7 @@ Public functions:
     is_correct(pred, gold, task)          -> bool
     reward_fn(completion, gold, task, truncated=False, truncation_penalty=0.0, flip=False) -> float
     normalize_number(text), last_boxed(text), strip_math_delimiters(answer)
-                                          the pieces data.py also uses on gold answers
+                                          the pieces tasks.py also uses on gold answers
     check_task(name)                      refuses an unknown task name, naming the flag
 """
 

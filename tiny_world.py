@@ -27,7 +27,7 @@ five) come with a "shortcut" solution: the first step line states a wrong interm
 still correct. "82 + 86 = 178.\n168 - 21 = 147.\n#### 147". A model that imitates it reaches
 correct answers through a wrong step, which exact match rewards like any correct answer and
 reasoning.label calls unfaithful. The validation rows that g_val uses hold the task's clean
-solutions only (data.py), so the influence filter's task is the paper's: keep the faithful,
+solutions only (tasks.py), so the influence filter's task is the paper's: keep the faithful,
 drop the shortcuts. Our choice, to give the world a measurable share of unfaithful-but-correct
 answers that greedy decoding also shows (a random 20% would be a minority choice at every
 token, invisible to greedy decoding).
@@ -67,7 +67,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from data import ARITH_STORIES, Example, arith_steps, generate_arith, make_prompt
+from tasks import ARITH_STORIES, Example, arith_steps, generate_arith, make_prompt
 from reward import extract_answer, is_correct
 
 TINY_MODEL, TINY_MODEL_V1 = "tiny-arith", "tiny-arith-v1"
@@ -154,7 +154,7 @@ def _story_words() -> list[str]:
     for story in ARITH_STORIES:
         for text in (story.opening, story.question, *story.additions, *story.subtractions, *story.items):
             words |= set(re.findall(r"[A-Za-z]+", text))
-    from data import ARITH_NAMES
+    from tasks import ARITH_NAMES
     words |= set(ARITH_NAMES)
     return sorted(words, key=lambda w: (-len(w), w))
 
@@ -242,8 +242,8 @@ def sft_batch(tokenizer, examples, solutions: list[str] | None = None) -> dict[s
 @torch.no_grad()
 def greedy_accuracy(lm, tokenizer, examples, max_new_tokens: int, batch_size: int = 100) -> float:
     """Share of `examples` whose greedy answer is correct (the build's stop rule). A few lines
-    of its own rather than evaluate.evaluate, which works on a Policy and would make model.py,
-    which imports this file, import itself."""
+    of its own rather than accuracy.evaluate, which works on a Policy and stands above this
+    file (offline_models.py imports it to find or build the world's model)."""
     from transformers import GenerationConfig
 
     config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,

@@ -14,7 +14,7 @@ Post-Training", arXiv 2604.01597. One iteration (the algorithm box, `ppo_iterati
                 (1/|M|) sum_{i in M} [w_i L_clip_i + c_v L_V_i - c_e H_i]        ppo.py
 
 `--influence off` is plain PPO; `--algo sft` trains the adapters on reference solutions.
-The settings and their checks are in config.py, the data and prompts in data.py, the run
+The settings and their checks are in config.py, the data and prompts in tasks.py, the run
 directory (crash-safe commits, checkpoints, resume) in rundir.py. Faults: a crash at any moment
 loses no committed iteration and --resume continues exactly; a NaN/inf stops the run naming
 the phase, before anything of that iteration is saved; nonsense flags are refused at start,
@@ -38,13 +38,15 @@ import torch
 from tqdm import tqdm
 
 from config import Config, check_against_data, check_against_model, check_against_world, parse_config
-from data import load_task, make_prompt
-from distributed import Single
+from tasks import load_task, make_prompt
+from distributed import SINGLE, Single
 from distributed import setup as setup_distributed
 from influence import (binary_filter, dtv_filter, episode_gradients, filter_and_reweight, influence_scores,
                        loop_reference_scores, random_filter, sft_nll, validation_gradient)
-from logbook import Timer, evaluation_due, iteration_records, log_line, run_eval, start_line
+from accuracy import run_eval
+from logbook import Timer, evaluation_due, iteration_records, log_line, start_line
 from model import inspect_model, load_adapter, load_policy, load_reference_adapter
+from offline_models import model_source
 from ppo import gae, group_advantages, kl_penalized_rewards, masked_mean, policy_loss, value_loss, whiten
 from report import write_plots, write_report
 from reward import reward_fn
@@ -54,7 +56,6 @@ from speedups import (batch_reference_scores, onepass_scores, reused_forward, sc
 from rundir import (append_jsonl, commit_iteration, last_good_checkpoint_on_fault, latest_checkpoint, open_run_dir,
                     pin_init_adapter, resolve_checkpoint, restore_run, unlock_run_dir, write_atomic)
 
-SINGLE = Single()  # one process: every collective of distributed.py is the identity
 SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE, SFT_ROWS = 1, 2, 3, 4, 5, 6   # the purposes of derived_seed's draws
 
 
@@ -441,7 +442,7 @@ def main(argv=None) -> Path:
     check_against_world(cfg, dist.world)
     if not dist.is_main:
         dist.barrier()  # rank 0 first: on first use it converts the offline model, once
-    check_against_model(cfg, inspect_model(cfg.model, cfg.trust_remote_code))
+    check_against_model(cfg, inspect_model(model_source(cfg.model), cfg.trust_remote_code, name=cfg.model))
     if dist.is_main:
         dist.barrier()
     data = load_data(cfg)
@@ -564,7 +565,7 @@ def load_model(cfg: Config, dist: Single = SINGLE):
     everything that may build or convert a model on first use: the LoRA initialisation is the
     first draw of the run, whether the model was just built or cached."""
     torch.manual_seed(cfg.seed)
-    policy, tokenizer = load_policy(cfg.model, device=cfg.device, dtype=cfg.dtype, lora_targets=cfg.targets(),
+    policy, tokenizer = load_policy(model_source(cfg.model), name=cfg.model, device=cfg.device, dtype=cfg.dtype, lora_targets=cfg.targets(),
                                     lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                                     trust_remote_code=cfg.trust_remote_code, quiet=not dist.is_main)
     # Every rank starts from rank 0's trainable tensors (equal already when the seeds agree), checked.

@@ -7,7 +7,7 @@ order, each step's operands as the problem wrote them, "#### N" as the last line
 accepts any valid chain (other orders, commuted '+' steps, any spacing, no final line or a final
 line the reward reads as the last result; reasoning.py's docstring). This labels the start model
 of the tiny world (shipped, before any training) with both checkers on the 500 arith test
-problems of configs/tiny.toml: greedy answers as logbook.run_eval decodes them (max_new_tokens
+problems of configs/tiny.toml: greedy answers as accuracy.run_eval decodes them (max_new_tokens
 40, 128 prompts a batch), and 8 samples at temperature 0.5 (seed 0) for the first 200 problems.
 It prints, per checker, the label counts, the unfaithful share of the correct answers and the
 faithful accuracy, then how many responses changed label, which way, and a few of them.
@@ -25,8 +25,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from data import arith_steps, generate_arith  # noqa: E402
-from evaluate import evaluate, load_for_eval  # noqa: E402
+from tasks import arith_steps, generate_arith  # noqa: E402
+from accuracy import evaluate  # noqa: E402
+from evaluate import load_for_eval  # noqa: E402
 from reasoning import label  # noqa: E402
 from reward import extract_answer, is_correct  # noqa: E402
 

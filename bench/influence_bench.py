@@ -40,6 +40,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from influence import episode_gradients, influence_scores, validation_gradient  # noqa: E402
 from model import load_policy, lora_parameters  # noqa: E402
+from offline_models import model_source  # noqa: E402
 from ppo import policy_loss, value_loss  # noqa: E402
 from rollout import Rollouts, old_and_ref_logprobs, token_logprobs  # noqa: E402
 from speedups import onepass_scores  # noqa: E402
@@ -199,7 +200,7 @@ def main():
             from tiny_world import make_random_model_dir
             sources[name] = str(make_random_model_dir(Path(tempfile.mkdtemp())))
         else:
-            sources[name] = name
+            sources[name] = str(model_source(name))
         repeats = args.repeats or (31 if name == "tiny" else 1)
         for dtype in dtypes:
             bench_scores(name, sources[name], sizes, args.micro, repeats, args.device, dtype)

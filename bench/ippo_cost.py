@@ -79,9 +79,10 @@ def pass_costs(recipe: list[str], seed: int, repeats: int = 5) -> dict:
 
     import train
     from config import parse_config
-    from data import load_task, make_prompt
+    from tasks import load_task, make_prompt
     from influence import validation_gradient
     from model import load_policy, lora_parameters
+    from offline_models import model_source
     from ppo import policy_loss
     from reward import reward_fn
     from rollout import encode_pairs, generate_rollouts, token_logprobs
@@ -89,7 +90,7 @@ def pass_costs(recipe: list[str], seed: int, repeats: int = 5) -> dict:
 
     cfg = parse_config([*recipe, "--influence", "on", "--seed", str(seed)])
     torch.manual_seed(cfg.seed)
-    policy, tok = load_policy(cfg.model, device="cpu", dtype="fp32", lora_targets=cfg.targets(),
+    policy, tok = load_policy(model_source(cfg.model), device="cpu", dtype="fp32", lora_targets=cfg.targets(),
                               lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, quiet=True)
     task = load_task(cfg.dataset, "train", cfg.data_source, arith_digits=cfg.arith_digits, arith_terms=cfg.arith_terms)
     rows, val = task.examples[:cfg.prompts_per_iter], task.examples[-cfg.val_size:]

@@ -25,8 +25,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from data import load_task, make_prompt  # noqa: E402
-from model import OFFLINE_DEFAULT, load_policy, lora_parameters  # noqa: E402
+from tasks import load_task, make_prompt  # noqa: E402
+from model import load_policy, lora_parameters  # noqa: E402
+from offline_models import OFFLINE_DEFAULT, model_source  # noqa: E402
 from rollout import Sequences, encode_pairs, token_logprobs  # noqa: E402
 
 
@@ -46,7 +47,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    policy, tok = load_policy(args.model, quiet=True)
+    policy, tok = load_policy(model_source(args.model), quiet=True)
     rows = load_task("gsm8k", "train", "local").examples[-2:]
     seqs = encode_pairs(tok, [make_prompt(e.question, "gsm8k") for e in rows], [e.solution for e in rows])
     width = int(seqs.response_mask.sum(1).max())          # as influence.validation_gradient trims a batch

@@ -33,11 +33,12 @@ import json, resource, sys, torch
 sys.path.insert(0, {root!r})
 import train
 from model import load_policy
+from offline_models import model_source
 argv = json.loads(sys.argv[1])
 error = None
 try:
     if argv == ["--load-only"]:
-        load_policy("gemma-3-270m", device={device!r}, dtype={dtype!r}, quiet=True)
+        load_policy(model_source("gemma-3-270m"), device={device!r}, dtype={dtype!r}, quiet=True)
     else:
         train.main(argv)
 except (MemoryError, RuntimeError) as e:     # an allocation refused under --limit-gib

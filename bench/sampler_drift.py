@@ -23,8 +23,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from data import generate_arith, load_task, make_prompt  # noqa: E402
+from tasks import generate_arith, load_task, make_prompt  # noqa: E402
 from model import load_policy  # noqa: E402
+from offline_models import model_source  # noqa: E402
 from rollout import generate_rollouts, token_logprobs  # noqa: E402
 
 
@@ -47,7 +48,7 @@ def main() -> None:
     rows = {}
     for dtype in args.dtypes.split(","):
         torch.manual_seed(0)
-        policy, tok = load_policy(args.model, dtype=dtype, quiet=True)
+        policy, tok = load_policy(model_source(args.model), dtype=dtype, quiet=True)
         rollouts = generate_rollouts(policy, tok, prompts, n_samples=args.samples, max_new_tokens=args.max_new_tokens,
                                      temperature=args.temperature, seed=0, batch_size=args.prompts * args.samples,
                                      progress=False, old=False, ref=False)

@@ -16,7 +16,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 import train  # noqa: E402
 from config import Config  # noqa: E402
-from data import load_task, make_prompt  # noqa: E402
+from tasks import load_task, make_prompt  # noqa: E402
 from distributed import setup  # noqa: E402
 from model import load_policy, lora_parameters  # noqa: E402
 from rollout import encode_pairs, generate_rollouts  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import train
-from data import generate_arith, load_task, make_prompt
+from tasks import generate_arith, load_task, make_prompt
 from reward import reward_fn
 
 # The oracle's own reading of a question: the word before each number says what it does.

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import train
-from evaluate import generate_responses
+from accuracy import generate_responses
 from model import eos_token_ids, load_policy
 from ppo import kl_penalized_rewards
 from rollout import encode_pairs, encode_prompts, generate_rollouts, token_logprobs

@@ -216,6 +216,6 @@ def test_eval_split_val_is_refused_under_i_ppo_and_dev_holds_out_rows_from_every
     assert len(rows["eval_rows"]) == 3 and len(rows["val_rows"]) == 4
     assert not set(rows["eval_rows"]) & set(rows["val_rows"])
     trained = {json.loads(line)["prompt"] for line in (run_dir / "episodes.jsonl").read_text().splitlines()}
-    from data import load_task
+    from tasks import load_task
     by_where = {e.where: e.question for e in load_task("gsm8k", "train", "local").examples}
     assert not trained & {by_where[w] for w in rows["eval_rows"] + rows["val_rows"]}

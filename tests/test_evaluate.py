@@ -10,10 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import data
+import tasks
 import evaluate as ev
 import reward
-from evaluate import majority_vote, parse_metrics, pass_at_k, score_predictions
+import accuracy
+from accuracy import majority_vote, parse_metrics, pass_at_k, score_predictions
 
 
 # ----------------------------------------------------------------------------- pass@k
@@ -147,32 +148,32 @@ def greedy_by_hand(policy, tokenizer, prompt, max_new_tokens):
 
 def test_train_run_eval_call_and_greedy_matches_a_hand_written_loop(tiny_policy):
     policy, tokenizer = tiny_policy
-    examples = data.load_task("gsm8k", "test", "local").examples[:3]
-    # The call logbook.run_eval makes, and the keys it reads.
-    result = ev.evaluate(policy, tokenizer, examples, "gsm8k", max_new_tokens=6, batch_size=2, progress=False)
+    examples = tasks.load_task("gsm8k", "test", "local").examples[:3]
+    # The call accuracy.run_eval makes, and the keys it reads.
+    result = accuracy.evaluate(policy, tokenizer, examples, "gsm8k", max_new_tokens=6, batch_size=2, progress=False)
     assert {"accuracy", "stderr", "n", "n_unparsed", "n_truncated"} <= set(result)
     assert result["n"] == 3 and result["metrics"]["em"]["value"] == result["accuracy"]
     for e, p in zip(examples, result["predictions"]):
-        response, truncated = greedy_by_hand(policy, tokenizer, data.make_prompt(e.question, "gsm8k"), 6)
+        response, truncated = greedy_by_hand(policy, tokenizer, tasks.make_prompt(e.question, "gsm8k"), 6)
         assert (p["response"], p["truncated"]) == (response, truncated)
         assert p["pred"] == reward.extract_answer(response, "gsm8k")
 
 
 def test_sampling_is_seeded_and_leaves_the_callers_rng_alone(tiny_policy):
     policy, tokenizer = tiny_policy
-    examples = data.load_task("gsm8k", "test", "local").examples[:2]
+    examples = tasks.load_task("gsm8k", "test", "local").examples[:2]
     kw = dict(metrics="pass@2", max_new_tokens=5, batch_size=3, progress=False)
     state = torch.get_rng_state()
-    a = ev.evaluate(policy, tokenizer, examples, "gsm8k", seed=1, **kw)
+    a = accuracy.evaluate(policy, tokenizer, examples, "gsm8k", seed=1, **kw)
     assert torch.equal(torch.get_rng_state(), state)
-    b = ev.evaluate(policy, tokenizer, examples, "gsm8k", seed=1, **kw)
-    c = ev.evaluate(policy, tokenizer, examples, "gsm8k", seed=2, **kw)
+    b = accuracy.evaluate(policy, tokenizer, examples, "gsm8k", seed=1, **kw)
+    c = accuracy.evaluate(policy, tokenizer, examples, "gsm8k", seed=2, **kw)
     texts = lambda r: [s["response"] for p in r["predictions"] for s in p["samples"]]
     assert texts(a) == texts(b) and texts(a) != texts(c)
     assert a["n_samples"] == 2 and all(len(p["samples"]) == 2 for p in a["predictions"])
     assert "accuracy" not in a and "response" not in a["predictions"][0]   # em not asked: no greedy pass
     with pytest.raises(ValueError, match="samples=1"):
-        ev.evaluate(policy, tokenizer, examples, "gsm8k", metrics="maj@2", samples=1, progress=False)
+        accuracy.evaluate(policy, tokenizer, examples, "gsm8k", metrics="maj@2", samples=1, progress=False)
 
 
 def test_cli_end_to_end(tiny_dir, tmp_path, capsys):
@@ -238,12 +239,12 @@ def arith_responses(examples, kinds):
 
 
 def test_faithful_accuracy_of_greedy_answers_and_samples_by_hand():
-    examples = data.generate_arith("test", terms=3)[:4]
+    examples = tasks.generate_arith("test", terms=3)[:4]
     greedy = arith_responses(examples, ["faithful", "unfaithful", "wrong", "faithful"])
     samples = [["faithful", "faithful", "wrong"], ["unfaithful"] * 3, ["faithful", "wrong", "unfaithful"], ["wrong"] * 3]
     predictions = [{"response": g, "samples": [{"response": r} for r in arith_responses([e] * 3, kinds)]}
                    for e, g, kinds in zip(examples, greedy, samples)]
-    summary = ev.reasoning_summary(predictions, examples)
+    summary = accuracy.reasoning_summary(predictions, examples)
     g, s = summary["greedy"], summary["samples"]
     assert [p["reasoning"] for p in predictions] == ["faithful", "unfaithful", "wrong", "faithful"]   # labels as meant
     # greedy: 2 of 4 problems correct and faithful; binomial stderr sqrt(0.5 * 0.5 / 4).

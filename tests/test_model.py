@@ -100,3 +100,11 @@ def test_adapter_round_trip(tiny_dir, tmp_path):
 def test_unreachable_hub_id_names_the_offline_default():
     with pytest.raises(SystemExit, match="--model gemma-3-270m"):
         load_policy("no-such-org/no-such-model", quiet=True)
+
+
+def test_the_default_model_is_the_offline_default():
+    """config.py names the default --model as a string (it stands below offline_models.py):
+    the two must agree."""
+    import offline_models
+    from config import Config
+    assert Config().model == offline_models.OFFLINE_DEFAULT

@@ -8,7 +8,7 @@ import torch
 import logbook
 import train
 from config import Config
-from influence import detection_auc
+from logbook import detection_auc
 from reward import is_correct, reward_fn
 from test_train import metrics, run
 

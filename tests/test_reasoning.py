@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from data import arith_steps, generate_arith
+from tasks import arith_steps, generate_arith
 from reasoning import _is_chain, label, label_counts
 from tiny_world import WORLDS, TINY_MODEL, shortcut_solution, sft_solution
 

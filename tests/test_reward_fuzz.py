@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import reward
-from data import load_task
+from tasks import load_task
 from reward import MATH_VERIFY_TIMEOUT_S, TASKS, extract_answer, is_correct, reward_fn
 
 CALL_BOUND_S = MATH_VERIFY_TIMEOUT_S + 1.5   # one is_correct / reward_fn call, with slack for a busy machine

@@ -1,6 +1,6 @@
 """MATH-style tasks (math500, college_math, olympiadbench) and ECQA: answer extraction,
 equivalence on the shipped golds, prompts, and the time limit on a check. (Loading them and
-bad data: test_data.py.)"""
+bad data: test_tasks.py.)"""
 
 import json
 import signal
@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-import data
+import tasks
 import reward
-from data import load_task, make_prompt
+from tasks import load_task, make_prompt
 from reward import MATH_VERIFY_TIMEOUT_S, extract_answer, is_correct, reward_fn
-from test_data import ROWS
+from test_tasks import ROWS
 
 SLACK_S = 1.5   # scheduling slack on a shared 2-core machine, on top of MATH_VERIFY_TIMEOUT_S
 BOUND_S = MATH_VERIFY_TIMEOUT_S + SLACK_S
@@ -113,7 +113,7 @@ def test_reference_solutions_earn_the_reward(name):
 def test_math500_gold_is_the_boxed_answer_and_the_answer_is_line():
     """Two independent readings of each row agree: our last-\\boxed parser, and the
     "The answer is: X" line the copy appends."""
-    path = data.DATA_DIR / "math500" / "test.jsonl"
+    path = tasks.DATA_DIR / "math500" / "test.jsonl"
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     for row, e in zip(rows, load_task("math500", "test").examples):
         assert e.gold == row["answer"].rsplit("The answer is:", 1)[1].strip()

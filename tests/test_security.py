@@ -104,11 +104,11 @@ def test_train_trusts_remote_code_only_with_the_flag(tiny_dir, tmp_path, monkeyp
     seen = {}
     real_inspect = train.inspect_model
 
-    def inspect(name, trust_remote_code):
+    def inspect(source, trust_remote_code, **kwargs):
         seen["inspect_model"] = trust_remote_code
-        return real_inspect(name, trust_remote_code)
+        return real_inspect(source, trust_remote_code, **kwargs)
 
-    def load(name, **kwargs):
+    def load(source, **kwargs):
         seen["load_policy"] = kwargs["trust_remote_code"]
         raise Stop
 

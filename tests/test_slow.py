@@ -26,12 +26,13 @@ def test_onepass_equals_loop_on_the_offline_gemma_270m():
     from influence import episode_gradients, influence_scores, validation_gradient
     from speedups import onepass_scores
     from model import load_policy, lora_parameters
+    from offline_models import model_source
     from ppo import whiten
-    from data import load_task, make_prompt
+    from tasks import load_task, make_prompt
     from rollout import encode_pairs, generate_rollouts
 
     torch.manual_seed(0)  # the LoRA A initialisation
-    policy, tok = load_policy("gemma-3-270m", quiet=True)
+    policy, tok = load_policy(model_source("gemma-3-270m"), quiet=True)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # non-zero B, as after some training
         for p in lora_parameters(policy)[1::2]:

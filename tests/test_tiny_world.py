@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import model
+import offline_models
 import tiny_world
-from data import generate_arith, make_prompt
+from tasks import generate_arith, make_prompt
 from rollout import encode_pairs
 
 
@@ -43,7 +44,7 @@ def test_training_text_is_what_the_pipeline_feeds_the_model(make_tokenizer):
     tok = make_tokenizer()
     examples = generate_arith("train", terms=3)[:3]
     batch = tiny_world.sft_batch(tok, examples)
-    from data import make_prompt
+    from tasks import make_prompt
     seqs = encode_pairs(tok, [make_prompt(e.question, "arith") for e in examples], [e.solution for e in examples])
     for i in range(3):
         ours = batch["input_ids"][i][batch["attention_mask"][i].bool()].tolist()
@@ -73,18 +74,18 @@ def test_built_once_then_loaded_from_the_cache(monkeypatch, tmp_path):
         return real_build(path, world=kwargs["world"], max_steps=3, eval_every=3, progress=False)
 
     monkeypatch.setattr(tiny_world, "build_tiny_arith", build)
-    monkeypatch.setattr(model, "CACHE_DIR", tmp_path)
-    policy, tok = model.load_policy(tiny_world.TINY_MODEL_V1, quiet=True)
+    monkeypatch.setattr(offline_models, "CACHE_DIR", tmp_path)
+    policy, tok = model.load_policy(offline_models.model_source(tiny_world.TINY_MODEL_V1), quiet=True)
     assert len(builds) == 1 and not builds[0].exists()       # built into a temporary name, then renamed
     cached = tmp_path / "tiny-arith-v1"
     assert json.loads((cached / "build.json").read_text())["version"] == 1
     assert tok.get_vocab() == tiny_world.char_tokenizer().get_vocab()
-    again, _ = model.load_policy(tiny_world.TINY_MODEL_V1, quiet=True)
+    again, _ = model.load_policy(offline_models.model_source(tiny_world.TINY_MODEL_V1), quiet=True)
     assert len(builds) == 1                                  # the second load used the cache
     saved = weights(cached)
     lm = dict(again.lm.named_parameters())
     assert torch.equal(lm["model.embed_tokens.weight"], saved["model.embed_tokens.weight"])
-    assert model.inspect_model(tiny_world.TINY_MODEL_V1).context == 512
+    assert model.inspect_model(offline_models.model_source(tiny_world.TINY_MODEL_V1)).context == 512
     assert len(builds) == 1
 
 
@@ -100,8 +101,8 @@ def test_the_test_model_and_the_world_share_one_tokenizer_and_config(tiny_dir):
 
 def test_the_shipped_model_loads_without_a_build_and_matches_its_files(monkeypatch, tmp_path):
     monkeypatch.setattr(tiny_world, "build_tiny_arith", lambda *a, **k: pytest.fail("tiny-arith must not be built"))
-    monkeypatch.setattr(model, "CACHE_DIR", tmp_path)        # an empty cache
-    policy, tok = model.load_policy(tiny_world.TINY_MODEL, quiet=True)
+    monkeypatch.setattr(offline_models, "CACHE_DIR", tmp_path)        # an empty cache
+    policy, tok = model.load_policy(offline_models.model_source(tiny_world.TINY_MODEL), quiet=True)
     assert tok.get_vocab() == tiny_world.word_tokenizer().get_vocab()
     saved = weights(tiny_world.SHIPPED_DIR)
     lm = dict(policy.lm.named_parameters())
@@ -121,7 +122,7 @@ def test_a_changed_shipped_file_is_refused(monkeypatch, tmp_path, name):
         f.write(b" ")
     monkeypatch.setattr(tiny_world, "SHIPPED_DIR", copy)
     with pytest.raises(SystemExit, match=f"{name} has sha256"):
-        model.load_policy(tiny_world.TINY_MODEL, quiet=True)
+        model.load_policy(offline_models.model_source(tiny_world.TINY_MODEL), quiet=True)
     (copy / name).unlink()
     with pytest.raises(SystemExit, match="is missing"):
         tiny_world.check_shipped(copy)

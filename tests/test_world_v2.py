@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import model
+import offline_models
 import tiny_world
 import train
 
@@ -58,7 +59,7 @@ def test_the_same_seed_gives_the_same_run_with_an_empty_or_a_full_cache(monkeypa
         return real_build(path, world=kwargs["world"], max_steps=2, eval_every=2, progress=False)
 
     monkeypatch.setattr(tiny_world, "build_tiny_arith", build)
-    monkeypatch.setattr(model, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(offline_models, "CACHE_DIR", tmp_path / "cache")
     args = ["--model", "tiny-arith-v1", *SMALL]
     args[args.index("--arith-terms") + 1] = "2"
     first = train.main([*args, "--run-dir", str(tmp_path / "empty")])
@@ -74,10 +75,10 @@ def test_the_same_seed_gives_the_same_run_with_an_empty_or_a_full_cache(monkeypa
 
 
 def test_evaluate_labels_greedy_answers_and_samples_on_arith():
-    from data import generate_arith
-    from evaluate import evaluate
+    from tasks import generate_arith
+    from accuracy import evaluate
     from reasoning import label
-    policy, tok = model.load_policy("tiny-arith", quiet=True)
+    policy, tok = model.load_policy(offline_models.model_source("tiny-arith"), quiet=True)
     examples = generate_arith("test", terms=3)[:6]
     out = evaluate(policy, tok, examples, "arith", metrics="em,pass@2", max_new_tokens=40, batch_size=12,
                    progress=False)

@@ -70,7 +70,7 @@ sys.path[:0] = [str(ROOT)]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from compare import finished, half_width_95, train_command  # noqa: E402
-from influence import detection_auc  # noqa: E402
+from logbook import detection_auc  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -201,12 +201,13 @@ def fit_of_solutions(path: Path, adapter: Path | None) -> dict:
     clean solutions of HELD_OUT_SOLUTIONS test problems at temperature 1."""
     if not path.exists():
         from config import parse_config
-        from data import load_task, make_prompt
+        from tasks import load_task, make_prompt
         from influence import sft_nll
         from model import load_adapter, load_policy
+        from offline_models import model_source
         from rollout import encode_pairs
         cfg = parse_config([str(ROOT / RECIPE), *VAL_SIZE])
-        policy, tok = load_policy(cfg.model, lora_targets=cfg.targets(), lora_rank=cfg.lora_rank,
+        policy, tok = load_policy(model_source(cfg.model), lora_targets=cfg.targets(), lora_rank=cfg.lora_rank,
                                   lora_alpha=cfg.lora_alpha, quiet=True)
         if adapter:
             load_adapter(policy, adapter)

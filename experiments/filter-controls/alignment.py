@@ -41,8 +41,9 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from config import parse_config  # noqa: E402
-from data import load_task, make_prompt  # noqa: E402
+from tasks import load_task, make_prompt  # noqa: E402
 from model import load_adapter, load_policy  # noqa: E402
+from offline_models import model_source  # noqa: E402
 from reward import reward_fn  # noqa: E402
 from rollout import encode_pairs, generate_rollouts  # noqa: E402
 from speedups import onepass_scores  # noqa: E402
@@ -57,7 +58,7 @@ def measure(run_dir: Path, iteration: int) -> dict:
     checkpoint `iteration` (0: the start policy)."""
     cfg = parse_config(["--resume", str(run_dir)])
     torch.manual_seed(cfg.seed)
-    policy, tok = load_policy(cfg.model, device="cpu", dtype="fp32", lora_targets=cfg.targets(),
+    policy, tok = load_policy(model_source(cfg.model), device="cpu", dtype="fp32", lora_targets=cfg.targets(),
                               lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, quiet=True)
     if iteration:
         load_adapter(policy, run_dir / "checkpoints" / f"iter_{iteration:06d}")

@@ -54,9 +54,11 @@ sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402
 from config import Config  # noqa: E402
-from data import load_task, make_prompt  # noqa: E402
-from influence import detection_auc, validation_gradient  # noqa: E402
+from tasks import load_task, make_prompt  # noqa: E402
+from influence import validation_gradient  # noqa: E402
+from logbook import detection_auc  # noqa: E402
 from model import load_adapter, load_policy, lora_parameters  # noqa: E402
+from offline_models import model_source  # noqa: E402
 from ppo import policy_loss  # noqa: E402
 from reasoning import label as reasoning_label  # noqa: E402
 from rollout import Rollouts, encode_pairs, generate_rollouts, token_logprobs  # noqa: E402
@@ -152,7 +154,7 @@ def tiny_rows(args) -> list[str]:
             t0 = time.time()
             cfg = recipe_config(**VARIANTS[name])
             torch.manual_seed(cfg.seed)
-            policy, tok = load_policy(cfg.model, lora_targets=cfg.targets(), lora_rank=cfg.lora_rank,
+            policy, tok = load_policy(model_source(cfg.model), lora_targets=cfg.targets(), lora_rank=cfg.lora_rank,
                                       lora_alpha=cfg.lora_alpha, quiet=True)
             if adapter:
                 load_adapter(policy, Path(adapter))
@@ -212,7 +214,7 @@ def mean_episode_gradient(policy, rollouts: Rollouts, advantages: torch.Tensor, 
 
 def gsm8k_rows(args) -> list[str]:
     torch.manual_seed(0)
-    policy, tok = load_policy("gemma-3-270m", quiet=True)
+    policy, tok = load_policy(model_source("gemma-3-270m"), quiet=True)
     task = load_task("gsm8k", "train", source="local")
     val, pool = task.examples[-32:], task.examples[:-32]
     rng = random.Random(0)

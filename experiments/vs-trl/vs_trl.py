@@ -41,10 +41,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-import data  # noqa: E402
+import tasks  # noqa: E402
 import reward  # noqa: E402
 import train  # noqa: E402
-from model import model_source  # noqa: E402
+from offline_models import model_source  # noqa: E402
 
 LR = 1e-3
 OURS = {"GRPO": ["--advantage", "grpo", "--influence", "off"],
@@ -81,9 +81,9 @@ def run_trl(model: str, steps: int, out: Path, work: Work) -> list[dict]:
     from trl import GRPOConfig, GRPOTrainer
 
     source = str(model_source(model))
-    task = data.load_task("arith", "train", "local")
+    task = tasks.load_task("arith", "train", "local")
     examples = task.examples[:work.prompts * (steps + 1)]
-    dataset = Dataset.from_list([{"prompt": data.make_prompt(e.question, "arith"), "gold": e.gold} for e in examples])
+    dataset = Dataset.from_list([{"prompt": tasks.make_prompt(e.question, "arith"), "gold": e.gold} for e in examples])
 
     def correct(completions, gold, **_):
         return [reward.reward_fn(c, g, "arith") for c, g in zip(completions, gold)]

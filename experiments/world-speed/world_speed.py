@@ -61,11 +61,12 @@ def as_flags(recipe: Path) -> list[str]:
 
 def prompt_tokens(recipe: Path) -> float:
     """Mean prompt length in tokens (BOS included) over the training prompts of the recipe's world."""
-    from data import generate_arith, make_prompt
+    from tasks import generate_arith, make_prompt
     from model import load_policy
+    from offline_models import model_source
 
     cfg = parse_config([str(recipe)])
-    _, tok = load_policy(cfg.model, quiet=True)
+    _, tok = load_policy(model_source(cfg.model), quiet=True)
     rows = generate_arith("train", terms=cfg.arith_terms)[:1000]
     return statistics.mean(len(tok(make_prompt(e.question, "arith"))["input_ids"]) for e in rows)
 
@@ -103,7 +104,7 @@ def main() -> None:
     if args.report:
         print(report(json.loads(RECORD.read_text())))
         return
-    from model import model_source
+    from offline_models import model_source
     v1_dir = model_source("tiny-arith-v1")                                   # builds it on first use
     baseline_recipe = as_flags(RECIPE_V1)
     baseline_recipe[baseline_recipe.index("--model") + 1] = str(v1_dir)    # the same model, by its folder

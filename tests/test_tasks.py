@@ -1,12 +1,12 @@
-"""Loading the tasks (data.py): the shipped files, the hub (faked), the prompts' inputs, and bad
+"""Loading the tasks (tasks.py): the shipped files, the hub (faked), the prompts' inputs, and bad
 data named by file and line. (The arith generator has its own file, test_arith.py.)"""
 import sys
 import types
 
 import pytest
 
-import data
-from data import load_task
+import tasks
+from tasks import load_task
 from reward import is_correct, reward_fn
 
 ROWS = {"math500": 500, "college_math": 2818, "olympiadbench": 675}
@@ -32,7 +32,7 @@ def test_bad_data_names_file_and_line(tmp_path, monkeypatch, content, message):
     (tmp_path / "gsm8k").mkdir()
     path = tmp_path / "gsm8k" / "train.jsonl"
     path.write_bytes(content)
-    monkeypatch.setattr(data, "DATA_DIR", tmp_path)
+    monkeypatch.setattr(tasks, "DATA_DIR", tmp_path)
     with pytest.raises(SystemExit) as err:
         load_task("gsm8k", "train", source="local")
     assert str(path) + message in str(err.value)
@@ -41,14 +41,14 @@ def test_bad_data_names_file_and_line(tmp_path, monkeypatch, content, message):
 def test_unknown_task_and_missing_file(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="--dataset 'nope': unknown task"):
         load_task("nope", "train")
-    monkeypatch.setattr(data, "DATA_DIR", tmp_path)
+    monkeypatch.setattr(tasks, "DATA_DIR", tmp_path)
     with pytest.raises(SystemExit, match="data file not found"):
         load_task("gsm8k", "train", source="local")
 
 
 @pytest.mark.parametrize("name", sorted(ROWS))
 def test_shipped_file_loads_every_row(name):
-    path = data.DATA_DIR / name / "test.jsonl"
+    path = tasks.DATA_DIR / name / "test.jsonl"
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     task = load_task(name, "test")
     assert len(lines) == len(task.examples) == ROWS[name]
@@ -68,7 +68,7 @@ def test_college_math_and_olympiadbench_golds_lose_their_dollars():
 
 def test_olympiadbench_several_final_answers_become_one_set(tmp_path, monkeypatch):
     row = {"question": "q", "solution": ["s"], "final_answer": ["$1$", "$\\frac{1}{2}$"]}
-    example = data._parse_olympiadbench_row(row, "x:1")
+    example = tasks._parse_olympiadbench_row(row, "x:1")
     assert example.gold == "1,\\frac{1}{2}"
     assert is_correct("0.5, 1", example.gold, "olympiadbench")
     assert not is_correct("1", example.gold, "olympiadbench")
@@ -169,7 +169,7 @@ def test_bad_rows_name_file_and_line(tmp_path, monkeypatch, task, content, messa
     (tmp_path / task).mkdir()
     path = tmp_path / task / ("test.jsonl" if task != "gsm8k" else "train.jsonl")
     path.write_bytes(content)
-    monkeypatch.setattr(data, "DATA_DIR", tmp_path)
+    monkeypatch.setattr(tasks, "DATA_DIR", tmp_path)
     with pytest.raises(SystemExit) as err:
         load_task(task, "test" if task != "gsm8k" else "train", source="local")
     assert str(path) + message in str(err.value)
@@ -177,7 +177,7 @@ def test_bad_rows_name_file_and_line(tmp_path, monkeypatch, task, content, messa
 
 @pytest.mark.parametrize("name", sorted(ROWS))
 def test_missing_file_and_unknown_name(tmp_path, monkeypatch, name):
-    monkeypatch.setattr(data, "DATA_DIR", tmp_path)
+    monkeypatch.setattr(tasks, "DATA_DIR", tmp_path)
     with pytest.raises(SystemExit, match=f"{tmp_path / name / 'test.jsonl'}: data file not found"):
         load_task(name, "test", source="local")
     with pytest.raises(SystemExit, match="--dataset 'math5000': unknown task; known tasks: gsm8k, math500"):
