@@ -51,37 +51,39 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-import speedups
 from model import flat_gradient, lora_parameters
 from ppo import policy_loss
 from rollout import Rollouts, Sequences, token_logprobs
 
 
-def sft_nll(policy, seqs: Sequences, temperature: float = 1.0, fast: bool = True):
-    """Negative log-likelihood of the given responses under logits / temperature.
+def sft_nll(policy, seqs: Sequences, temperature: float = 1.0, logprobs=token_logprobs):
+    """Negative log-likelihood of the given responses under logits / temperature, from
+    `logprobs` (rollout.token_logprobs; speedups.token_logprobs gives the same numbers faster).
     Returns (nll, n_tokens), both (N,): the sum over each example's response tokens, and
-    how many tokens that is. (`fast`: rollout.token_logprobs's.)"""
-    logprobs, _, _ = token_logprobs(policy, seqs, temperature=temperature, fast=fast)  # (N, T)
-    return -(logprobs * seqs.response_mask).sum(-1), seqs.response_mask.sum(-1)
+    how many tokens that is."""
+    lp, _, _ = logprobs(policy, seqs, temperature)                                   # (N, T)
+    return -(lp * seqs.response_mask).sum(-1), seqs.response_mask.sum(-1)
 
 
 def validation_gradient(policy, val_seqs: Sequences, batch_size: int = 8, progress: bool = False,
-                        n_tokens: torch.Tensor | None = None, temperature: float = 1.0, fast: bool = True) -> torch.Tensor:
+                        n_tokens: torch.Tensor | None = None, temperature: float = 1.0, *,
+                        batches: list | None = None, logprobs=token_logprobs) -> torch.Tensor:
     """g_val = grad over the LoRA parameters of  (sum of NLL over all validation reference
     tokens) / (number of those tokens), the NLL under logits / temperature (train.py: the
     sampling temperature, so that g_val and g_i are gradients of one distribution).
-    Accumulated over batches of `batch_size` solutions (`fast`: of similar lengths,
-    speedups.length_batches); returns (P,) fp32.
+    Accumulated over batches of `batch_size` solutions in order (or the given `batches` of
+    val_seqs, and `logprobs` for sft_nll: speedups.Passes passes batches of similar lengths
+    and its faster log-probs); returns (P,) fp32.
     `n_tokens` overrides the denominator: under torchrun each rank holds a share of the
     validation set and divides by the token count of all shares, so the sum over ranks of
     the returned vectors is g_val of the whole set."""
     params = lora_parameters(policy)
     n_tokens_total = val_seqs.response_mask.sum() if n_tokens is None else n_tokens
     g_val = torch.zeros(sum(p.numel() for p in params), device=val_seqs.response_mask.device)
-    batches = (speedups.length_batches(val_seqs, batch_size) if fast else
-               [val_seqs.select(range(s, min(s + batch_size, len(val_seqs)))) for s in range(0, len(val_seqs), batch_size)])
+    batches = batches or [val_seqs.select(range(s, min(s + batch_size, len(val_seqs))))
+                          for s in range(0, len(val_seqs), batch_size)]
     for part in tqdm(batches, desc="g_val", unit="batch", disable=not progress, leave=False):
-        nll, _ = sft_nll(policy, part, temperature, fast)
+        nll, _ = sft_nll(policy, part, temperature, logprobs)
         loss = nll.sum() / n_tokens_total
         g_val += flat_gradient(torch.autograd.grad(loss, params, allow_unused=True), params)
     return g_val
@@ -97,7 +99,7 @@ def episode_gradients(policy, rollouts: Rollouts, advantages: torch.Tensor, *, c
     rows = []
     for i in tqdm(range(len(rollouts)), desc="scoring", unit="ep", disable=not progress, leave=False):
         episode = rollouts.select([i])
-        logprobs, _, _ = token_logprobs(policy, episode, temperature, fast=False)   # (1, T)
+        logprobs, _, _ = token_logprobs(policy, episode, temperature)                # (1, T)
         loss_i = policy_loss(logprobs, episode.old_logprobs, advantages[i:i + 1],
                              episode.response_mask, clip_eps)[0]
         rows.append(flat_gradient(torch.autograd.grad(loss_i, params, allow_unused=True), params))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import operator
 import re
 import signal
 import threading
@@ -222,11 +223,7 @@ def extract_answer(text: str, task: str = "gsm8k") -> str | None:
     MATH-style: the last \\boxed{...}, else the text after the last "answer is".
     ecqa: the option letter (or the option text) after the last "Answer:"."""
     check_task(task)
-    if task in MATH_TASKS:
-        return _extract_math(text)
-    if task == "ecqa":
-        return _extract_choice(text)
-    return _extract_gsm8k(text)
+    return _EXTRACT.get(task, _extract_gsm8k)(text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,13 +469,12 @@ def is_correct(pred: str | None, gold: str, task: str = "gsm8k") -> bool:
     MAX_ANSWER_CHARS or slower than MATH_VERIFY_TIMEOUT_S to check count as wrong.
     ecqa: the right option's letter or text."""
     check_task(task)
-    if pred is None:
-        return False
-    if task in MATH_TASKS:
-        return _math_equal(pred, gold)
-    if task == "ecqa":
-        return _choice_equal(pred, gold)
-    return pred == gold
+    return pred is not None and _EQUAL.get(task, operator.eq)(pred, gold)
+
+
+# Each task's answer extraction and comparison; gsm8k and arith: the numbers' (normalised strings).
+_EXTRACT = {"ecqa": _extract_choice, **{task: _extract_math for task in MATH_TASKS}}
+_EQUAL = {"ecqa": _choice_equal, **{task: _math_equal for task in MATH_TASKS}}
 
 
 def reward_fn(completion: str, gold: str, task: str = "gsm8k", truncated: bool = False,

@@ -23,7 +23,6 @@ import torch
 from tqdm import tqdm
 from transformers import DynamicCache, GenerationConfig
 
-import speedups
 from model import adapters_disabled, eos_token_ids
 
 
@@ -98,17 +97,14 @@ def encode_pairs(tokenizer, prompts: list[str], responses: list[str], device="cp
     return Sequences(prompt_ids.to(device), prompt_mask.to(device), response_ids.to(device), response_mask.to(device))
 
 
-def token_logprobs(policy, seqs: Sequences, temperature: float = 1.0, with_entropy: bool = False, fast: bool = True):
+def token_logprobs(policy, seqs: Sequences, temperature: float = 1.0, with_entropy: bool = False):
     """log pi(a_t | s_t) of each response token, the value V(s_t) of the state before it, and
     (if `with_entropy`, else None) the entropy of pi(. | s_t); logits are divided by
     `temperature` (that is the distribution the tokens were sampled from). Returns (N, T) fp32
     tensors, zero outside the mask. Gradients flow if called with grad enabled.
     As defined: one forward per sequence, then log_softmax and gather over the full logits.
-    `fast` (--speedups on, the default) gives the same numbers from less work
-    (speedups.token_logprobs: the samples of a prompt share its forward, and the LM head runs
-    only at response tokens, never holding (N, T, vocabulary) logits)."""
-    if fast:
-        return speedups.token_logprobs(policy, seqs, temperature, with_entropy)
+    (speedups.token_logprobs gives the same numbers from less work: the samples of a prompt
+    share its forward, and the LM head runs only at response tokens.)"""
     mask = seqs.response_mask
     hidden = policy.response_hidden_states(seqs.prompt_ids, seqs.prompt_mask, seqs.response_ids, mask)  # (N, T, H)
     values = policy.value(hidden) * mask                                                               # (N, T)
@@ -174,13 +170,10 @@ def sample(lm, prompt_ids, prompt_mask, *, n_samples: int, max_new_tokens: int, 
 
 @torch.no_grad()
 def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, max_new_tokens: int,
-                      temperature: float, seed: int, batch_size: int = 16, progress: bool = True,
-                      old: bool = True, ref: bool = True, fast: bool = True) -> Rollouts:
-    """Sample `n_samples` responses to each prompt (pure temperature sampling, KV cache), then
-    record old log-probs and values with one forward pass (only if `old`: with --speedups all
-    train.py takes them from a forward at theta_old that runs anyway), and pi_ref's log-probs
-    with a second (only if `ref`: train.py skips it when the KL penalty is 0, since
-    nothing else uses them). What is not computed is None.
+                      temperature: float, seed: int, batch_size: int = 16, progress: bool = True) -> Rollouts:
+    """Sample `n_samples` responses to each prompt (pure temperature sampling, KV cache). The
+    log-probs of pi_old and pi_ref and the values are a pass of their own, old_and_ref_logprobs:
+    until it runs they are None.
 
     Sampling draws from torch's global RNG inside a forked RNG state seeded by `seed`, so a
     given (seed, policy) always gives the same episodes, and the caller's RNG is untouched."""
@@ -216,25 +209,23 @@ def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, 
     rollouts = Rollouts(prompt_ids, prompt_mask, response_ids.to(device), response_mask.to(device),
                         truncated=truncated, prompt_index=[i // n_samples for i in range(N)], responses=texts,
                         sampler_logprobs=(sampler_logprobs.to(device) * response_mask.to(device)))
-    if old or ref:
-        rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_ref_logprobs(
-            policy, rollouts, temperature, batch_size, ref, old, fast)
     return rollouts
 
 
 @torch.no_grad()
 def old_and_ref_logprobs(policy, seqs: Sequences, temperature: float, batch_size: int, ref: bool = True,
-                               old: bool = True, fast: bool = True):
-    """If `old`, log pi_old and V_old (adapters on); if `ref`, log pi_ref (adapters off).
+                         old: bool = True, logprobs=token_logprobs):
+    """If `old`, log pi_old and V_old (adapters on); if `ref`, log pi_ref (adapters off), by
+    `logprobs` (token_logprobs; speedups.token_logprobs gives the same numbers faster).
     Batched; what is not computed is None."""
     olds, values, refs = [], [], []
     for s in range(0, len(seqs), batch_size):
         part = seqs.select(range(s, min(s + batch_size, len(seqs))))
         if old:
-            lp, v, _ = token_logprobs(policy, part, temperature, fast=fast)
+            lp, v, _ = logprobs(policy, part, temperature)
             olds.append(lp), values.append(v)
         if ref:
             with adapters_disabled(policy):
-                refs.append(token_logprobs(policy, part, temperature, fast=fast)[0])
+                refs.append(logprobs(policy, part, temperature)[0])
     cat = lambda xs: torch.cat(xs) if xs else None   # noqa: E731
     return cat(olds), cat(values), cat(refs)

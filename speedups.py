@@ -28,7 +28,10 @@ The speed-ups, in the order a forward meets them:
                          that runs anyway, the scoring's or the update's first
                          (tests/test_passes.py)
 
-docs/shortcuts.md gives what each saves; bench/ippo_cost.py and bench/logprob_cost.py time them.
+Passes, at the end, is the switch: train.Definitions' passes (the definitions, --speedups off)
+computed with these instead; train.passes_for picks one per iteration, so the algorithm box in
+train.py has no branch per speed-up. docs/shortcuts.md gives what each saves;
+bench/ippo_cost.py and bench/logprob_cost.py time them.
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ from dataclasses import dataclass
 
 import torch
 
+import influence
 from model import LoRALinear, flat_gradient, lora_parameters, trim_left_padding
 from ppo import policy_loss
+from rollout import old_and_ref_logprobs
 
 
 # ----------------------------------------------------------------------------- log-probs
@@ -343,16 +348,6 @@ def check_one_call_per_layer(policy, layers: list, calls: list[int]) -> None:
 # tests/test_passes.py checks that a run is the same either way; the price is memory: every
 # episode's graph is kept until its backward.
 
-def reused_forward(speedups: str, influence: bool, one_minibatch: bool) -> str | None:
-    """Which forward gives pi_old and V_old: "scoring", "update", or None (the plain path:
-    generate_rollouts' no-grad pass; always unless --speedups all)."""
-    if speedups != "all":
-        return None
-    if influence:
-        return "scoring"
-    return "update" if one_minibatch else None
-
-
 @dataclass
 class UpdateForward:
     """The update's first forward over some episodes, run ahead of the advantages (graphs kept)."""
@@ -395,3 +390,72 @@ def theta_old_forwards(policy, rollouts, order: torch.Tensor, *, batch_size: int
     if refs:
         rollouts.ref_logprobs = torch.zeros_like(rollouts.response_mask).index_copy(0, index, torch.cat(refs))
     return forwards
+
+
+# ----------------------------------------------------------------------------- the switch
+
+class Passes:
+    """train.Definitions' passes with the speed-ups above: the same numbers from less work.
+    --speedups on: the lean log-probs and the shared prompt prefix wherever log-probs are taken,
+    g_val's solutions in batches of similar lengths, the one-pass scores (and DTV's batch
+    reference from one pass). --speedups all also takes pi_old and V_old from a forward at
+    theta_old that a later phase runs anyway (theta_old_forwards): the scoring's with influence
+    on, or with influence off and one minibatch of every episode the update's first; kept here
+    until that phase takes it over. `first_minibatch(every)`: the episodes of the update's first
+    minibatch (train.minibatch_plan's), in its order."""
+
+    def __init__(self, cfg, first_minibatch):
+        self.cfg, self.first_minibatch = cfg, first_minibatch
+        self.scoring = self.update = None   # forwards at theta_old run ahead (--speedups all)
+
+    def old_policy(self, policy, rollouts, timer):
+        cfg = self.cfg
+        one_minibatch = cfg.minibatch_size >= cfg.prompts_per_iter * cfg.samples_per_prompt
+        reuse = "scoring" if cfg.influence == "on" else "update" if one_minibatch else None
+        if cfg.speedups != "all" or reuse is None:
+            with timer("rollout"):
+                rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_ref_logprobs(
+                    policy, rollouts, cfg.temperature, cfg.gen_batch_size, ref=cfg.kl_beta > 0, logprobs=token_logprobs)
+            return
+        with timer("shared_forward"):
+            order = torch.arange(len(rollouts))
+            if reuse == "update":   # every episode is kept (no influence): the first minibatch holds them all
+                order = self.first_minibatch(torch.ones(len(rollouts), dtype=torch.bool, device=rollouts.response_mask.device))
+            setattr(self, reuse, theta_old_forwards(policy, rollouts, order, batch_size=cfg.micro_batch_size,
+                                                    temperature=cfg.temperature, scoring=reuse == "scoring",
+                                                    ref=cfg.kl_beta > 0))
+
+    def validation_gradient(self, policy, val_seqs, n_tokens):
+        cfg = self.cfg
+        return influence.validation_gradient(policy, val_seqs, cfg.val_batch_size, cfg.progress, n_tokens,
+                                             temperature=cfg.temperature, batches=length_batches(val_seqs, cfg.val_batch_size),
+                                             logprobs=token_logprobs)
+
+    def scores(self, policy, rollouts, advantages, g_val):
+        if self.scoring is not None:   # the scoring forward already ran (--speedups all)
+            return scoring_backward(policy, self.scoring, rollouts.old_logprobs, advantages, g_val, clip_eps=self.cfg.clip_eps)
+        return onepass_scores(policy, rollouts, advantages, g_val, clip_eps=self.cfg.clip_eps,
+                              temperature=self.cfg.temperature, batch_size=self.cfg.micro_batch_size)
+
+    def batch_scores(self, policy, rollouts, advantages, **reference):
+        forwards = self.scoring
+        if forwards is None:   # every forward first: the reference needs all episodes' gradients
+            forwards = []
+            for index in _chunks(torch.arange(len(rollouts)), self.cfg.micro_batch_size):
+                forwards.append(scoring_forward(policy, rollouts.select(index), self.cfg.temperature))
+                forwards[-1].index = index
+        return batch_reference_scores(policy, forwards, rollouts.old_logprobs, advantages, clip_eps=self.cfg.clip_eps,
+                                      **reference)
+
+    def update_forwards(self, policy, rollouts, minibatch, step):
+        if step == 0 and self.update is not None:   # the first step's forward ran at theta_old (--speedups all)
+            return ((f.index, f.logprobs, f.values, f.entropy) for f in self.update)
+        return ((micro, *token_logprobs(policy, rollouts.select(micro), self.cfg.temperature, with_entropy=True))
+                for micro in _chunks(minibatch, self.cfg.micro_batch_size))
+
+    def sft_nll(self, policy, seqs):
+        return influence.sft_nll(policy, seqs, logprobs=token_logprobs)
+
+
+def _chunks(index: torch.Tensor, size: int) -> list:
+    return [index[s:s + size] for s in range(0, len(index), size)]

@@ -51,8 +51,7 @@ from ppo import gae, group_advantages, kl_penalized_rewards, masked_mean, policy
 from report import write_plots, write_report
 from reward import reward_fn
 from rollout import Rollouts, encode_pairs, generate_rollouts, old_and_ref_logprobs, token_logprobs
-from speedups import (batch_reference_scores, onepass_scores, reused_forward, scoring_backward, scoring_forward,
-                      theta_old_forwards)
+import speedups
 from rundir import (append_jsonl, commit_iteration, last_good_checkpoint_on_fault, latest_checkpoint, open_run_dir,
                     pin_init_adapter, resolve_checkpoint, restore_run, unlock_run_dir, write_atomic)
 
@@ -72,13 +71,14 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
     Returns its Buffer, from which logbook.iteration_records makes the run's records."""
     examples = [train_examples[i] for i in batch_indices(len(train_examples), it, cfg.prompts_per_iter, cfg.seed)]
     examples = examples[slice(*dist.span(len(examples)))]  # this rank's prompts (all of them in one process)
+    passes = passes_for(it, cfg, dist)   # how each pass below computes (the definitions, or --speedups)
 
     with timer("rollout"):   # the samples
         rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                      temperature=cfg.temperature, seed=derived_seed(cfg.seed, it, SAMPLING, dist.rank),
-                                     batch_size=cfg.gen_batch_size, progress=cfg.progress, old=False, ref=False)
-    forwards = old_policy(it, cfg, policy, rollouts, timer, dist)   # log pi_old, V_old (and log pi_ref at beta > 0)
+                                     batch_size=cfg.gen_batch_size, progress=cfg.progress)
+    passes.old_policy(policy, rollouts, timer)   # log pi_old, V_old (and log pi_ref at beta > 0)
     require_finite(it, "rollout", old_logprobs=rollouts.old_logprobs, values=rollouts.values,
                    ref_logprobs=rollouts.ref_logprobs)
     buf = Buffer(examples, rollouts)   # the iteration's data; each phase below adds its part
@@ -96,7 +96,7 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         buf.advantages, buf.returns, buf.kl, buf.raw_advantages = compute_advantages(cfg, buf, dist)  # (N, T) each
 
     with timer("influence"):
-        buf.keep, buf.weights = select_episodes(it, cfg, policy, buf, val_seqs, dist, forwards.scoring)
+        buf.keep, buf.weights = select_episodes(it, cfg, policy, buf, val_seqs, passes, dist)
         buf.n_kept = int(dist.sum(buf.keep.sum()))                                       # |D'| over all ranks
         if cfg.rewhiten_kept and buf.n_kept > 0:   # the kept set's w-weighted mean advantage back to 0
             buf.advantages = whiten(buf.advantages, rollouts.response_mask, reduce_sum=dist.sum,
@@ -104,8 +104,7 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
 
     with timer("update"):
         if buf.n_kept > 0:
-            buf.update = ppo_update(it, cfg, policy, optimizer, buf, dist,
-                                    first_forwards=forwards.update, sft_seqs=val_seqs)
+            buf.update = ppo_update(it, cfg, policy, optimizer, buf, passes, dist, sft_seqs=val_seqs)
     return buf
 
 
@@ -150,20 +149,19 @@ def compute_advantages(cfg: Config, buf: Buffer, dist: Single = SINGLE):
     return whitened, returns, kl, advantages
 
 
-def select_episodes(it, cfg: Config, policy, buf: Buffer, val_seqs, dist: Single = SINGLE, forwards=None):
+def select_episodes(it, cfg: Config, policy, buf: Buffer, val_seqs, passes, dist: Single = SINGLE):
     """Influence scores at theta_old (into buf.scores) and the kept set D' with its weights, from
-    buf.rollouts and buf.advantages (`forwards`: the scoring forwards already run, --speedups
-    all; their backwards give the scores). Returns (keep (N,) bool, weights (N,)) for this
-    rank's episodes; the filter and the weight normalisation (mean score over the kept
-    episodes) see all ranks' scores."""
+    buf.rollouts and buf.advantages. Returns (keep (N,) bool, weights (N,)) for this rank's
+    episodes; the filter and the weight normalisation (mean score over the kept episodes) see
+    all ranks' scores."""
     rollouts, advantages, N = buf.rollouts, buf.advantages, len(buf.rollouts)
     if cfg.influence == "off":  # plain PPO: every episode, weight 1
         return torch.ones(N, dtype=torch.bool, device=advantages.device), torch.ones(N, device=advantages.device)
     if cfg.reference == "validation":
-        buf.scores, g_val = validation_scores(it, cfg, policy, rollouts, advantages, val_seqs, dist, forwards)
+        buf.scores, g_val = validation_scores(it, cfg, policy, rollouts, advantages, val_seqs, passes, dist)
         buf.g_val_norm = g_val.norm().item()
     else:
-        buf.scores = batch_scores(cfg, policy, rollouts, advantages, dist, forwards)
+        buf.scores = batch_scores(cfg, policy, rollouts, advantages, passes, dist)
     all_scores = dist.cat(buf.scores)                                                                 # (N_all,)
     require_finite(it, "influence", scores=all_scores)
     if cfg.random_filter:
@@ -178,44 +176,25 @@ def select_episodes(it, cfg: Config, policy, buf: Buffer, val_seqs, dist: Single
     return keep[mine], weights[mine]
 
 
-def validation_scores(it, cfg: Config, policy, rollouts, advantages, val_seqs, dist: Single = SINGLE, forwards=None):
+def validation_scores(it, cfg: Config, policy, rollouts, advantages, val_seqs, passes, dist: Single = SINGLE):
     """I-PPO's s_i = g_i . g_val for this rank's episodes, and g_val. Both gradients are taken
     at the sampling temperature (our choice, influence.py's docstring says why)."""
     # g_val over the whole validation set: each rank's share divided by the token count of all shares, summed.
-    n_val_tokens = dist.sum(val_seqs.response_mask.sum())
-    g_val = dist.sum(validation_gradient(policy, val_seqs, cfg.val_batch_size, progress=cfg.progress,
-                                         n_tokens=n_val_tokens, temperature=cfg.temperature,
-                                         fast=cfg.speedups != "off"))                                  # (P,)
-    require_finite(it, "influence", g_val=g_val)
-    if cfg.speedups == "off":   # the definition: g_i by a backward per episode
-        grads = episode_gradients(policy, rollouts, advantages, clip_eps=cfg.clip_eps,
-                                  temperature=cfg.temperature, progress=cfg.progress)                # (N, P)
-        return influence_scores(grads, g_val), g_val                                                  # (N,)
-    if forwards is not None:   # --speedups all: the scoring forward already ran (reused_forwards)
-        return scoring_backward(policy, forwards, rollouts.old_logprobs, advantages, g_val, clip_eps=cfg.clip_eps), g_val
-    return onepass_scores(policy, rollouts, advantages, g_val, clip_eps=cfg.clip_eps,
-                          temperature=cfg.temperature, batch_size=cfg.micro_batch_size), g_val       # (N,)
+    g_val = dist.sum(passes.validation_gradient(policy, val_seqs, n_tokens=dist.sum(val_seqs.response_mask.sum())))
+    require_finite(it, "influence", g_val=g_val)                                          # (P,)
+    return passes.scores(policy, rollouts, advantages, g_val), g_val                         # (N,)
 
 
-def batch_scores(cfg: Config, policy, rollouts, advantages, dist: Single = SINGLE, forwards=None) -> torch.Tensor:
+def batch_scores(cfg: Config, policy, rollouts, advantages, passes, dist: Single = SINGLE) -> torch.Tensor:
     """DTV's validation-free scores (--reference batch | batch-loo) for this rank's episodes:
     g_i . the mean gradient of all ranks' episodes (without episode i for batch-loo)."""
-    loo, n_total = cfg.reference == "batch-loo", int(dist.sum(torch.tensor(float(len(rollouts)), device=advantages.device)))
-    if cfg.speedups == "off":
-        grads = episode_gradients(policy, rollouts, advantages, clip_eps=cfg.clip_eps,
-                                  temperature=cfg.temperature, progress=cfg.progress)                # (N, P)
-        return loop_reference_scores(grads, leave_one_out=loo, reduce_sum=dist.sum, n_total=n_total)
-    if forwards is None:   # every forward first: the reference needs all episodes' gradients
-        forwards = []
-        for index in chunks(torch.arange(len(rollouts)), cfg.micro_batch_size):
-            forwards.append(scoring_forward(policy, rollouts.select(index), cfg.temperature))
-            forwards[-1].index = index
-    return batch_reference_scores(policy, forwards, rollouts.old_logprobs, advantages, clip_eps=cfg.clip_eps,
-                                  leave_one_out=loo, reduce_sum=dist.sum, n_total=n_total)
+    n_total = int(dist.sum(torch.tensor(float(len(rollouts)), device=advantages.device)))
+    return passes.batch_scores(policy, rollouts, advantages, leave_one_out=cfg.reference == "batch-loo",
+                               reduce_sum=dist.sum, n_total=n_total)
 
 
-def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, dist: Single = SINGLE,
-               first_forwards: list | None = None, sft_seqs=None) -> dict:
+def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, passes, dist: Single = SINGLE,
+               sft_seqs=None) -> dict:
     """PPO epochs over the buffer (its rollouts, advantages, returns, keep and weights). Per
     optimizer step on a minibatch M:
         loss = (1/|M & D'|) sum_{i in M & D'} [ w_i L_clip_i - c_e H_i ]  +  c_v (1/|M & C|) sum_{i in M & C} L_V_i
@@ -229,8 +208,6 @@ def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, dist: Single = S
     ranks before the step, so K ranks take the steps one process would.
     With --sft-coef c > 0 every step's loss also has c times the mean NLL of a batch of
     `sft_seqs`, the validation solutions (sft_term): the PPO-plus-SFT control.
-    `first_forwards` (--speedups all, reused_forwards): the first step's forward over every
-    episode, already run at theta_old; only its backward is left.
     Returns what logbook.update_metrics reports from: each micro-batch's detached log-probs and
     per-episode losses, the steps' gradient norms and SFT losses."""
     rollouts, advantages, returns, keep, weights = buf.rollouts, buf.advantages, buf.returns, buf.keep, buf.weights
@@ -244,8 +221,7 @@ def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, dist: Single = S
                                                                       disable=not cfg.progress, leave=False)):
         optimizer.zero_grad(set_to_none=True)
         minibatch = minibatch[uses[minibatch.to(keep.device)].cpu()]   # skip episodes that add nothing
-        for micro, logprobs, values, entropy in update_forwards(cfg, policy, rollouts, minibatch,
-                                                                first_forwards if step == 0 else None):
+        for micro, logprobs, values, entropy in passes.update_forwards(policy, rollouts, minibatch, step):
             part = rollouts.select(micro)
             kept, in_value = keep[micro].float(), value_on[micro].float()                # (n,) each
             pg = policy_loss(logprobs, part.old_logprobs, advantages[micro], part.response_mask, cfg.clip_eps)  # (n,)
@@ -260,29 +236,19 @@ def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, dist: Single = S
             loss.backward()
             record.append((step, micro, logprobs.detach(), pg.detach(), vf.detach(), ent.detach()))
         if cfg.sft_coef > 0:
-            sft_losses.append(sft_term(it * len(steps) + step, cfg, policy, sft_seqs))
+            sft_losses.append(sft_term(it * len(steps) + step, cfg, policy, sft_seqs, passes))
         dist.sum_grads(params)
         grad_norms.append(clip_and_step(it, cfg, policy, optimizer))
     return {"record": record, "value_on": value_on, "steps": len(steps), "grad_norms": grad_norms,
             "sft_losses": sft_losses}
 
 
-def update_forwards(cfg: Config, policy, rollouts, minibatch: torch.Tensor, first_forwards: list | None):
-    """(micro-batch, log pi_theta, V_theta, entropy) over the minibatch, --micro-batch-size
-    episodes at a time; or the forwards already run at theta_old (--speedups all)."""
-    if first_forwards is not None:
-        return ((f.index, f.logprobs, f.values, f.entropy) for f in first_forwards)
-    return ((micro, *token_logprobs(policy, rollouts.select(micro), cfg.temperature, with_entropy=True,
-                                    fast=cfg.speedups != "off"))
-            for micro in chunks(minibatch, cfg.micro_batch_size))
-
-
-def sft_term(step: int, cfg: Config, policy, sft_seqs) -> float:
+def sft_term(step: int, cfg: Config, policy, sft_seqs, passes) -> float:
     """--sft-coef c: backward of c x (sum of NLL over a batch of --sft-batch-size validation
     solutions) / (their token count), at temperature 1 as in --algo sft; the batch is the
     `step`-th of the run over a seeded shuffle of the solutions. Returns the mean NLL."""
     rows = batch_indices(len(sft_seqs), step, cfg.sft_batch_size, cfg.seed, purpose=SFT_ROWS)
-    nll, n_tokens = sft_nll(policy, sft_seqs.select(rows))
+    nll, n_tokens = passes.sft_nll(policy, sft_seqs.select(rows))
     loss = nll.sum() / n_tokens.sum()
     (cfg.sft_coef * loss).backward()
     return loss.item()
@@ -318,40 +284,6 @@ def clip_and_step(it: int, cfg: Config, policy, optimizer) -> float:
     return grad_norm.item()
 
 
-def one_minibatch(cfg: Config) -> bool:
-    """Does the update's one minibatch hold every episode of the iteration?"""
-    return cfg.minibatch_size >= cfg.prompts_per_iter * cfg.samples_per_prompt
-
-
-def old_policy(it: int, cfg: Config, policy, rollouts, timer, dist: Single = SINGLE) -> Reused:
-    """log pi_old and V_old of the episodes (and log pi_ref, at --kl-beta > 0), into `rollouts`:
-    by a no-grad pass after the sampling, as the algorithm box has them; or, --speedups all,
-    from the forward at theta_old that a later phase runs anyway, run ahead with its graph kept
-    (speedups.theta_old_forwards): the scoring's over the episodes in order, or the update's
-    first over its first minibatch. Returns those forwards for the phase that reuses them."""
-    reuse = reused_forward(cfg.speedups, cfg.influence == "on", one_minibatch(cfg))
-    if reuse is None:
-        with timer("rollout"):
-            rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_ref_logprobs(
-                policy, rollouts, cfg.temperature, cfg.gen_batch_size, ref=cfg.kl_beta > 0, fast=cfg.speedups != "off")
-        return Reused()
-    with timer("shared_forward"):
-        order = torch.arange(len(rollouts))
-        if reuse == "update":   # every episode is kept (no influence): the first minibatch holds them all
-            every = torch.ones(len(rollouts), dtype=torch.bool, device=rollouts.response_mask.device)
-            order = minibatch_plan(it, cfg, every, every, dist)[0][-1]
-        forwards = theta_old_forwards(policy, rollouts, order, batch_size=cfg.micro_batch_size,
-                                      temperature=cfg.temperature, scoring=reuse == "scoring", ref=cfg.kl_beta > 0)
-    return Reused(**{reuse: forwards})
-
-
-@dataclasses.dataclass
-class Reused:
-    """Forwards at theta_old run ahead under --speedups all, for the phase that takes them over."""
-    scoring: list | None = None   # the influence scoring's (speedups.ScoringForward per micro-batch)
-    update: list | None = None    # the update's first step's (speedups.UpdateForward per micro-batch)
-
-
 def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_examples, timer,
                   dist: Single = SINGLE) -> tuple[dict, list]:
     """One SFT step: loss = (sum of NLL over the batch's reference tokens) / (their count),
@@ -359,6 +291,7 @@ def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
     rows it trains on (main passes the validation rows under --sft-data val)."""
     examples = [train_examples[i] for i in batch_indices(len(train_examples), it, cfg.sft_batch_size, cfg.seed)]
     examples = examples[slice(*dist.span(len(examples)))]
+    passes = passes_for(it, cfg, dist)
     with timer("update"):
         seqs = encode_pairs(tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
                             [e.solution for e in examples], device=policy.device)
@@ -366,7 +299,7 @@ def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), dtype=torch.float64, device=n_tokens.device)
         for micro in chunks(torch.arange(len(seqs)), cfg.micro_batch_size):
-            nll, _ = sft_nll(policy, seqs.select(micro))
+            nll, _ = passes.sft_nll(policy, seqs.select(micro))
             loss = nll.sum() / n_tokens
             require_finite(it, "update", sft_loss=loss)
             loss.backward()
@@ -374,6 +307,50 @@ def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         dist.sum_grads([p for p in policy.parameters() if p.requires_grad])
         clip_and_step(it, cfg, policy, optimizer)
     return {"sft_loss": dist.sum(total).item(), "tokens": int(n_tokens)}, []
+
+
+class Definitions:
+    """The passes of an iteration, each as the algorithm box defines it (--speedups off):
+    log-probs by log_softmax and gather, one forward per sequence, g_i by a backward per
+    episode, pi_old from its own no-grad pass. speedups.Passes (--speedups on, all) computes
+    the same numbers from less work."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+
+    def old_policy(self, policy, rollouts, timer):
+        """log pi_old and V_old (and log pi_ref, at --kl-beta > 0) by a no-grad pass after the sampling."""
+        with timer("rollout"):
+            rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_ref_logprobs(
+                policy, rollouts, self.cfg.temperature, self.cfg.gen_batch_size, ref=self.cfg.kl_beta > 0)
+
+    def validation_gradient(self, policy, val_seqs, n_tokens):
+        return validation_gradient(policy, val_seqs, self.cfg.val_batch_size, self.cfg.progress, n_tokens,
+                                   temperature=self.cfg.temperature)
+
+    def scores(self, policy, rollouts, advantages, g_val):   # s_i = g_i . g_val, g_i by a backward per episode
+        return influence_scores(episode_gradients(policy, rollouts, advantages, clip_eps=self.cfg.clip_eps,
+                                                  temperature=self.cfg.temperature, progress=self.cfg.progress), g_val)
+
+    def batch_scores(self, policy, rollouts, advantages, **reference):
+        return loop_reference_scores(episode_gradients(policy, rollouts, advantages, clip_eps=self.cfg.clip_eps,
+                                                       temperature=self.cfg.temperature, progress=self.cfg.progress),
+                                     **reference)
+
+    def update_forwards(self, policy, rollouts, minibatch, step):
+        """(micro-batch, log pi_theta, V_theta, entropy), --micro-batch-size episodes at a time."""
+        return ((micro, *token_logprobs(policy, rollouts.select(micro), self.cfg.temperature, with_entropy=True))
+                for micro in chunks(minibatch, self.cfg.micro_batch_size))
+
+    def sft_nll(self, policy, seqs):
+        return sft_nll(policy, seqs)
+
+
+def passes_for(it: int, cfg: Config, dist: Single = SINGLE):
+    """How iteration `it` computes its passes: by the definitions, or with --speedups."""
+    if cfg.speedups == "off":
+        return Definitions(cfg)
+    return speedups.Passes(cfg, first_minibatch=lambda every: minibatch_plan(it, cfg, every, every, dist)[0][-1])
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -419,12 +396,9 @@ def require_finite(it: int, phase: str, **tensors: torch.Tensor) -> None:
     computed, skipped). Raised before anything of the iteration is saved, so checkpoints/latest
     stays the last good one."""
     for name, t in tensors.items():
-        if t is None:
-            continue
-        bad = int((~torch.isfinite(t)).sum())
-        if bad:
-            raise FloatingPointError(f"iteration {it + 1}: {name} contains NaN/inf ({bad} of {t.numel()} values) "
-                                     f"(phase: {phase})")
+        if t is not None and not bool(torch.isfinite(t).all()):
+            raise FloatingPointError(f"iteration {it + 1}: {name} contains NaN/inf ({int((~torch.isfinite(t)).sum())} "
+                                     f"of {t.numel()} values) (phase: {phase})")
 
 
 # ----------------------------------------------------------------------------- main

@@ -43,6 +43,7 @@ from model import load_policy, lora_parameters  # noqa: E402
 from offline_models import model_source  # noqa: E402
 from ppo import policy_loss, value_loss  # noqa: E402
 from rollout import Rollouts, old_and_ref_logprobs, token_logprobs  # noqa: E402
+import speedups  # noqa: E402
 from speedups import onepass_scores  # noqa: E402
 
 
@@ -162,7 +163,8 @@ def memory_step(model: str, lean: bool, N: int, T: int, device: str, dtype: str)
         base = torch.cuda.memory_allocated() / 2**20
     else:
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    lp, values, _ = token_logprobs(policy, buf, 1.0, fast=lean)   # fast: the lean log-probs (speedups.py)
+    logprobs = speedups.token_logprobs if lean else token_logprobs   # the lean log-probs (speedups.py), or the plain
+    lp, values, _ = logprobs(policy, buf, 1.0)
     loss = (policy_loss(lp, buf.old_logprobs, adv, buf.response_mask, 0.2)
             + 0.1 * value_loss(values, buf.values, adv, buf.response_mask, 0.2)).mean()
     loss.backward()

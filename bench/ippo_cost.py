@@ -85,7 +85,8 @@ def pass_costs(recipe: list[str], seed: int, repeats: int = 5) -> dict:
     from offline_models import model_source
     from ppo import policy_loss
     from reward import reward_fn
-    from rollout import encode_pairs, generate_rollouts, token_logprobs
+    import speedups
+    from rollout import encode_pairs, generate_rollouts, old_and_ref_logprobs, token_logprobs
     from speedups import onepass_scores
 
     cfg = parse_config([*recipe, "--influence", "on", "--seed", str(seed)])
@@ -98,7 +99,9 @@ def pass_costs(recipe: list[str], seed: int, repeats: int = 5) -> dict:
     rollouts = generate_rollouts(policy, tok, [make_prompt(e.question, cfg.dataset) for e in rows],
                                  n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                  temperature=cfg.temperature, seed=seed, batch_size=cfg.gen_batch_size,
-                                 progress=False, ref=False)
+                                 progress=False)
+    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_ref_logprobs(
+        policy, rollouts, cfg.temperature, cfg.gen_batch_size, ref=False, logprobs=speedups.token_logprobs)
     buf = train.Buffer(rows, rollouts)
     buf.rewards = torch.tensor([reward_fn(t, rows[j].gold, cfg.dataset, bool(tr), 0.0, False)
                                 for t, j, tr in zip(rollouts.responses, rollouts.prompt_index, rollouts.truncated)])

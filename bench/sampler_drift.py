@@ -51,7 +51,7 @@ def main() -> None:
         policy, tok = load_policy(model_source(args.model), dtype=dtype, quiet=True)
         rollouts = generate_rollouts(policy, tok, prompts, n_samples=args.samples, max_new_tokens=args.max_new_tokens,
                                      temperature=args.temperature, seed=0, batch_size=args.prompts * args.samples,
-                                     progress=False, old=False, ref=False)
+                                     progress=False)
         with torch.no_grad():
             old, _, _ = token_logprobs(policy, rollouts, args.temperature)
         mask = rollouts.response_mask.bool()

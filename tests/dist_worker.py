@@ -19,7 +19,7 @@ from config import Config  # noqa: E402
 from tasks import load_task, make_prompt  # noqa: E402
 from distributed import setup  # noqa: E402
 from model import load_policy, lora_parameters  # noqa: E402
-from rollout import encode_pairs, generate_rollouts  # noqa: E402
+from rollout import encode_pairs, generate_rollouts, old_and_ref_logprobs  # noqa: E402
 
 
 def main(model_dir: str, out: str) -> None:
@@ -39,6 +39,7 @@ def main(model_dir: str, out: str) -> None:
     # The same 8 episodes in every process (same seed), then each process keeps its share.
     everything = generate_rollouts(policy, tok, [make_prompt(e.question) for e in examples[:4]], n_samples=2,
                                    max_new_tokens=8, temperature=1.0, seed=0, progress=False)
+    everything.old_logprobs, everything.values, everything.ref_logprobs = old_and_ref_logprobs(policy, everything, 1.0, 16)
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
     val = examples[4:8]
     mine = list(range(*dist.span(len(everything))))
@@ -49,8 +50,8 @@ def main(model_dir: str, out: str) -> None:
 
     buf = train.Buffer(examples[:4], rollouts, rewards=rewards)
     buf.advantages, buf.returns, _, _ = train.compute_advantages(cfg, buf, dist)
-    buf.keep, buf.weights = train.select_episodes(0, cfg, policy, buf, val_seqs, dist)
-    train.ppo_update(0, cfg, policy, optimizer, buf, dist)
+    buf.keep, buf.weights = train.select_episodes(0, cfg, policy, buf, val_seqs, train.passes_for(0, cfg, dist), dist)
+    train.ppo_update(0, cfg, policy, optimizer, buf, train.passes_for(0, cfg, dist), dist)
 
     all_keep, all_weights = dist.cat(buf.keep.float()), dist.cat(buf.weights)
     if dist.is_main:

@@ -11,7 +11,7 @@ import train
 from accuracy import generate_responses
 from model import eos_token_ids, load_policy
 from ppo import kl_penalized_rewards
-from rollout import encode_pairs, encode_prompts, generate_rollouts, token_logprobs
+from rollout import encode_pairs, encode_prompts, generate_rollouts, old_and_ref_logprobs, token_logprobs
 from test_train import SMALL, one_thread  # noqa: F401  (one_thread: the module's autouse fixture)
 from transformers import GenerationConfig
 
@@ -31,7 +31,7 @@ def taught(chat_dir):
     opt = torch.optim.Adam(params, lr=3e-3)
     for _ in range(60):
         opt.zero_grad()
-        logprobs, _, _ = token_logprobs(policy, seqs, fast=False)   # lean needs a frozen LM head
+        logprobs, _, _ = token_logprobs(policy, seqs)   # the plain path: the lean one needs a frozen LM head
         (-(logprobs * seqs.response_mask).sum() / seqs.response_mask.sum()).backward()
         opt.step()
     for p in params:
@@ -61,6 +61,7 @@ def test_end_of_turn_ends_a_response_and_carries_the_reward(taught):
     eot = tok.convert_tokens_to_ids("<end_of_turn>")
     rollouts = generate_rollouts(policy, tok, [QUESTION], n_samples=4, max_new_tokens=12, temperature=0.5,
                                  seed=0, progress=False)
+    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_ref_logprobs(policy, rollouts, 0.5, 16)
     lengths = rollouts.response_mask.sum(-1).long()
     ended = 0
     for i in range(len(rollouts)):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import influence
 import train
 from config import Config, parse_config
 from influence import dtv_filter, episode_gradients, loop_reference_scores
@@ -91,7 +92,7 @@ def update(buffer, cfg: Config, keep, returns):
     optimizer = train.make_optimizer(cfg, policy)
     weights = keep.float()
     buf = train.Buffer([], rollouts, advantages=advantages, returns=returns, keep=keep, weights=weights)
-    metrics = train.ppo_update(1, cfg, policy, optimizer, buf)
+    metrics = train.ppo_update(1, cfg, policy, optimizer, buf, train.passes_for(1, cfg))
     after = {k: v.clone() for k, v in policy.trainable_state().items()}
     policy.load_state_dict(state, strict=False)
     return after, metrics
@@ -144,10 +145,10 @@ def test_g_val_is_taken_at_the_sampling_temperature(buffer, monkeypatch):
     from rollout import encode_pairs
     val = encode_pairs(tok, ["Q: 2+2?", "Q: 10-3?"], ["#### 4", "10 - 3 = 7\n#### 7"])
     seen = []
-    real = train.validation_gradient
-    monkeypatch.setattr(train, "validation_gradient", lambda *a, **k: seen.append(k["temperature"]) or real(*a, **k))
+    real = influence.validation_gradient   # speedups.Passes calls it there (the default --speedups on)
+    monkeypatch.setattr(influence, "validation_gradient", lambda *a, **k: seen.append(k["temperature"]) or real(*a, **k))
     cfg = Config(temperature=TEMPERATURE, micro_batch_size=4)
-    train.validation_scores(1, cfg, policy, rollouts, advantages, val)
+    train.validation_scores(1, cfg, policy, rollouts, advantages, val, train.passes_for(1, cfg))
     assert seen == [TEMPERATURE]
 
 

@@ -14,7 +14,7 @@ import train
 from config import Config
 from model import load_policy
 from ppo import value_loss
-from rollout import generate_rollouts
+from rollout import generate_rollouts, old_and_ref_logprobs
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -128,12 +128,13 @@ def test_ratio_and_kl_diagnostics_see_wrong_old_logprobs(tiny_dir):
     policy, tok = load_policy(tiny_dir, quiet=True)
     rollouts = generate_rollouts(policy, tok, ["Question: 1 + 2\nAnswer:", "Question: 3 + 4\nAnswer:"], n_samples=2,
                                  max_new_tokens=6, temperature=1.0, seed=0, progress=False)
+    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_ref_logprobs(policy, rollouts, 1.0, 16)
     rollouts.old_logprobs = rollouts.old_logprobs + 0.1 * rollouts.response_mask
     N = len(rollouts)
     advantages = torch.ones_like(rollouts.response_mask) * rollouts.response_mask
     buf = train.Buffer([], rollouts, advantages=advantages, returns=advantages.clone(),
                        keep=torch.ones(N, dtype=torch.bool), weights=torch.ones(N))
-    buf.update = train.ppo_update(0, cfg, policy, train.make_optimizer(cfg, policy), buf)
+    buf.update = train.ppo_update(0, cfg, policy, train.make_optimizer(cfg, policy), buf, train.passes_for(0, cfg))
     update = logbook.update_metrics(cfg, buf)
     assert update["ratio_first_mean"] == pytest.approx(math.exp(-0.1), abs=1e-5)
     assert update["ratio_first_max"] == pytest.approx(math.exp(-0.1), abs=1e-5)
@@ -157,6 +158,7 @@ def test_sampled_logprobs_are_those_of_the_sampling_distribution(tiny_dir, tmp_p
     rollouts = generate_rollouts(policy, tok, ["Question: 12 + 34\nAnswer:", "Question: 5 - 3\nAnswer:"],
                                  n_samples=3, max_new_tokens=12, temperature=0.8, seed=0, batch_size=16,
                                  progress=False)
+    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_ref_logprobs(policy, rollouts, 0.8, 16)
     mask = rollouts.response_mask.bool()
     torch.testing.assert_close(rollouts.sampler_logprobs[mask], rollouts.old_logprobs[mask], rtol=1e-4, atol=1e-4)
     assert policy.lm.generation_config.repetition_penalty == 2.0               # the model's config is untouched

@@ -34,7 +34,7 @@ def first_step_gradient(policy, cfg, buf, val_seqs=None) -> torch.Tensor:
         if not seen:
             seen.append(torch.cat([p.grad.reshape(-1).clone() for p in lora_parameters(policy)]))
     optimizer.step = step
-    train.ppo_update(0, cfg, policy, optimizer, buf, sft_seqs=val_seqs)
+    train.ppo_update(0, cfg, policy, optimizer, buf, train.passes_for(0, cfg), sft_seqs=val_seqs)
     return seen[0].double()
 
 
@@ -48,7 +48,7 @@ def test_the_ippo_update_is_a_preconditioned_step_down_the_validation_loss(tiny_
     cfg = Config(influence="on", temperature=TEMPERATURE, minibatch_size=6, micro_batch_size=4, ppo_epochs=1,
                  max_grad_norm=0.0, val_batch_size=2)
     buf = train.Buffer([], rollouts, advantages=advantages, returns=torch.zeros_like(advantages))
-    buf.keep, buf.weights = train.select_episodes(0, cfg, policy, buf, val)        # the real filter
+    buf.keep, buf.weights = train.select_episodes(0, cfg, policy, buf, val, train.passes_for(0, cfg))   # the real filter
     assert 0 < int(buf.keep.sum()) < len(rollouts)                                     # some dropped, some kept
     update = first_step_gradient(policy, cfg, buf)
 

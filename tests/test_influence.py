@@ -68,7 +68,7 @@ class EpisodeLoss(torch.nn.Module):
         self.policy = policy
 
     def forward(self, episode, advantages):
-        lp, _, _ = token_logprobs(self.policy, episode, TEMPERATURE, fast=False)  # plain path: torch.func-able
+        lp, _, _ = token_logprobs(self.policy, episode, TEMPERATURE)  # plain path: torch.func-able
         return policy_loss(lp, episode.old_logprobs, advantages, episode.response_mask, 0.2)[0]
 
 

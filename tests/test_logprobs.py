@@ -27,7 +27,7 @@ def test_lean_logprobs_equal_plain_and_so_do_gradients(tiny_dir, monkeypatch, ch
         if lean:   # the lean head alone (one forward per sequence, as in the definition)
             lp, values, ent = speedups.token_logprobs(policy, seqs, 0.7, with_entropy, share_prompts=False)
         else:
-            lp, values, ent = token_logprobs(policy, seqs, temperature=0.7, with_entropy=with_entropy, fast=False)
+            lp, values, ent = token_logprobs(policy, seqs, temperature=0.7, with_entropy=with_entropy)
         assert (ent is None) == (not with_entropy)
         loss = (lp * torch.linspace(-1, 1, lp.shape[1])).sum() if uses != "entropy" else 0.0
         loss = loss + (0.3 * ent.sum() if uses in ("logp and entropy", "entropy") else 0.0)

@@ -4,6 +4,7 @@ import json
 import pytest
 
 import rollout
+import speedups
 import train
 from test_train import SMALL, comparable, metrics, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
@@ -14,18 +15,17 @@ def test_no_reference_pass_at_kl_beta_0_and_nothing_else_changes(tiny_dir, tmp_p
     calls = []
     real = rollout.old_and_ref_logprobs
 
-    def counting(policy, seqs, temperature, batch_size, ref=True, old=True, fast=True):
+    def counting(policy, seqs, temperature, batch_size, ref=True, **kw):
         calls.append(ref)
-        return real(policy, seqs, temperature, batch_size, ref, old, fast)
+        return real(policy, seqs, temperature, batch_size, ref, **kw)
 
-    monkeypatch.setattr(train, "old_and_ref_logprobs", counting)
+    monkeypatch.setattr(speedups, "old_and_ref_logprobs", counting)
     args = ["--model", tiny_dir, *SMALL, "--iterations", "2", "--eval-every", "0", "--kl-beta", "0", "--lr", "1e-2",
             "--speedups", "on"]
     skipped = train.main([*args, "--run-dir", str(tmp_path / "skipped")])
     assert calls == [False, False]
     # The same run with the reference pass forced back in: identical but for the logged KL.
-    monkeypatch.setattr(train, "old_and_ref_logprobs",
-                        lambda p, s, t, b, ref=True, old=True, fast=True: real(p, s, t, b, True, old, fast))
+    monkeypatch.setattr(speedups, "old_and_ref_logprobs", lambda p, s, t, b, ref=True, **kw: real(p, s, t, b, True, **kw))
     full = train.main([*args, "--run-dir", str(tmp_path / "full")])
     a, b = metrics(skipped), metrics(full)
     assert all("kl" not in m for m in a) and all("kl" in m for m in b[1:])
@@ -94,7 +94,7 @@ def test_the_scoring_forward_gives_the_old_pass_numbers(tiny_dir):
     import torch
     from influence import validation_gradient
     from model import load_policy, lora_parameters
-    from rollout import encode_pairs, generate_rollouts
+    from rollout import encode_pairs, generate_rollouts, old_and_ref_logprobs
     from speedups import onepass_scores, scoring_backward, theta_old_forwards
     policy, tok = load_policy(tiny_dir, quiet=True)
     g = torch.Generator().manual_seed(0)
@@ -104,6 +104,7 @@ def test_the_scoring_forward_gives_the_old_pass_numbers(tiny_dir):
         policy.value_head.weight.copy_(torch.randn(policy.value_head.weight.shape, generator=g))
     buf = generate_rollouts(policy, tok, ["Question: 12+30?\nAnswer:", "Q: 7?", "What is 1 more than 99?"],
                             n_samples=3, max_new_tokens=9, temperature=0.8, seed=1, progress=False, batch_size=4)
+    buf.old_logprobs, buf.values, buf.ref_logprobs = old_and_ref_logprobs(policy, buf, 0.8, 4)
     old, values = buf.old_logprobs.clone(), buf.values.clone()
     for scoring in (False, True):       # the update's first forward, then the scoring's
         order = torch.randperm(len(buf), generator=g) if not scoring else torch.arange(len(buf))
@@ -129,11 +130,11 @@ def test_without_influence_pi_old_comes_from_the_update_and_equals_the_separate_
     calls = []
     real = rollout.old_and_ref_logprobs
 
-    def counting(policy, seqs, temperature, batch_size, ref=True, old=True, fast=True):
+    def counting(policy, seqs, temperature, batch_size, ref=True, old=True, **kw):
         calls.append((ref, old))
-        return real(policy, seqs, temperature, batch_size, ref, old, fast)
+        return real(policy, seqs, temperature, batch_size, ref, old, **kw)
 
-    monkeypatch.setattr(train, "old_and_ref_logprobs", counting)
+    monkeypatch.setattr(speedups, "old_and_ref_logprobs", counting)
     runs = {}
     for passes in ("separate", "shared"):
         calls.clear()
@@ -171,7 +172,7 @@ def test_the_default_path_is_the_algorithm_box(tiny_dir, tmp_path, monkeypatch, 
     args = ["--model", tiny_dir, *SMALL, "--iterations", "1", "--eval-every", "0", "--influence", influence,
             "--minibatch-size", "6"]
     with monkeypatch.context() as m:
-        m.setattr(train, "theta_old_forwards", refuse)
+        m.setattr(speedups, "theta_old_forwards", refuse)
         plain = metrics(train.main([*args, "--run-dir", str(tmp_path / "plain")]))[-1]
     assert list(plain["seconds"]) == ["rollout", "reward", "advantages", "influence", "update"]
     assert json.loads((tmp_path / "plain" / "config.json").read_text())["speedups"] == "on"

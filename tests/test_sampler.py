@@ -5,7 +5,7 @@ import torch
 import logbook
 import train
 from model import eos_token_ids, load_policy
-from rollout import encode_prompts, generate_rollouts, plain_generate, token_logprobs
+from rollout import encode_prompts, generate_rollouts, old_and_ref_logprobs, plain_generate, token_logprobs
 from transformers import GenerationConfig
 
 PROMPTS = ["Question: 12+30?\nAnswer:", "Q: 7?", "What is 1 more than 99?"]
@@ -16,7 +16,7 @@ def test_the_sampler_draws_what_generate_draws_with_the_same_seed(tiny_dir):
     with no logits processor: the same distribution, drawn the same way."""
     policy, tok = load_policy(tiny_dir, quiet=True)
     rollouts = generate_rollouts(policy, tok, PROMPTS, n_samples=4, max_new_tokens=12, temperature=0.7, seed=3,
-                                 batch_size=12, progress=False, old=False, ref=False)
+                                 batch_size=12, progress=False)
     ids, mask = encode_prompts(tok, PROMPTS)
     config = GenerationConfig(do_sample=True, temperature=0.7, top_k=0, top_p=1.0, max_new_tokens=12,
                               eos_token_id=eos_token_ids(tok), pad_token_id=tok.pad_token_id)
@@ -30,7 +30,7 @@ def test_the_sampler_draws_what_generate_draws_with_the_same_seed(tiny_dir):
 def test_the_sampler_log_probs_are_pi_old_up_to_rounding(tiny_dir):
     policy, tok = load_policy(tiny_dir, quiet=True)
     rollouts = generate_rollouts(policy, tok, PROMPTS, n_samples=2, max_new_tokens=10, temperature=0.6, seed=0,
-                                 batch_size=2, progress=False, old=False, ref=False)   # one prompt a call
+                                 batch_size=2, progress=False)   # one prompt a call
     with torch.no_grad():
         old, _, _ = token_logprobs(policy, rollouts, 0.6)
     mask = rollouts.response_mask.bool()
@@ -42,7 +42,8 @@ def test_the_sampler_log_probs_are_pi_old_up_to_rounding(tiny_dir):
 def test_a_gap_between_sampler_and_pi_old_is_logged_and_warned(tiny_dir):
     policy, tok = load_policy(tiny_dir, quiet=True)
     rollouts = generate_rollouts(policy, tok, PROMPTS, n_samples=2, max_new_tokens=10, temperature=0.6, seed=0,
-                                 batch_size=6, progress=False, old=True, ref=False)
+                                 batch_size=6, progress=False)
+    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_ref_logprobs(policy, rollouts, 0.6, 6, ref=False)
     drift = logbook.sampler_drift(rollouts, torch.float32)
     assert drift["sampler_gap_max"] < drift["sampler_tolerance"] == 1e-3
     assert "sampler_gap" not in logbook.batch_warnings(train.Config(), torch.tensor([0.0, 1.0]),

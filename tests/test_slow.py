@@ -29,7 +29,7 @@ def test_onepass_equals_loop_on_the_offline_gemma_270m():
     from offline_models import model_source
     from ppo import whiten
     from tasks import load_task, make_prompt
-    from rollout import encode_pairs, generate_rollouts
+    from rollout import encode_pairs, generate_rollouts, old_and_ref_logprobs
 
     torch.manual_seed(0)  # the LoRA A initialisation
     policy, tok = load_policy(model_source("gemma-3-270m"), quiet=True)
@@ -40,6 +40,7 @@ def test_onepass_equals_loop_on_the_offline_gemma_270m():
     examples = load_task("gsm8k", "train", "local").examples[:3]
     rollouts = generate_rollouts(policy, tok, [make_prompt(e.question) for e in examples], n_samples=2,
                                  max_new_tokens=24, temperature=1.0, seed=0, progress=False)
+    rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_ref_logprobs(policy, rollouts, 1.0, 16)
     advantages = whiten(torch.randn(rollouts.response_mask.shape, generator=g), rollouts.response_mask)
     val = encode_pairs(tok, [make_prompt(e.question) for e in examples[:2]], [e.solution for e in examples[:2]])
     g_val = validation_gradient(policy, val)

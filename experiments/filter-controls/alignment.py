@@ -45,7 +45,8 @@ from tasks import load_task, make_prompt  # noqa: E402
 from model import load_adapter, load_policy  # noqa: E402
 from offline_models import model_source  # noqa: E402
 from reward import reward_fn  # noqa: E402
-from rollout import encode_pairs, generate_rollouts  # noqa: E402
+from rollout import encode_pairs, generate_rollouts, old_and_ref_logprobs  # noqa: E402
+import speedups  # noqa: E402
 from speedups import onepass_scores  # noqa: E402
 import train  # noqa: E402
 
@@ -73,12 +74,15 @@ def measure(run_dir: Path, iteration: int) -> dict:
         rollouts = generate_rollouts(policy, tok, [make_prompt(e.question, cfg.dataset) for e in rows],
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                      temperature=cfg.temperature, seed=it, batch_size=cfg.gen_batch_size,
-                                     progress=False, ref=False)
+                                     progress=False)
+        rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_ref_logprobs(
+            policy, rollouts, cfg.temperature, cfg.gen_batch_size, ref=False, logprobs=speedups.token_logprobs)
         buf = train.Buffer(rows, rollouts)
         buf.rewards = torch.tensor([reward_fn(t, rows[j].gold, cfg.dataset, bool(tr), 0.0, False) for t, j, tr in
                                     zip(rollouts.responses, rollouts.prompt_index, rollouts.truncated)])
         buf.advantages, _, _, _ = train.compute_advantages(cfg, buf)
-        s, g_val = train.validation_scores(0, cfg, policy, rollouts, buf.advantages, val_seqs)
+        s, g_val = train.validation_scores(0, cfg, policy, rollouts, buf.advantages, val_seqs,
+                                           train.passes_for(0, cfg))
         mask = rollouts.response_mask
         a = onepass_scores(policy, rollouts, mask.clone(), g_val, clip_eps=cfg.clip_eps,
                            temperature=cfg.temperature, batch_size=cfg.micro_batch_size)

@@ -61,8 +61,9 @@ from model import load_adapter, load_policy, lora_parameters  # noqa: E402
 from offline_models import model_source  # noqa: E402
 from ppo import policy_loss  # noqa: E402
 from reasoning import label as reasoning_label  # noqa: E402
-from rollout import Rollouts, encode_pairs, generate_rollouts, token_logprobs  # noqa: E402
+from rollout import Rollouts, encode_pairs, generate_rollouts, old_and_ref_logprobs, token_logprobs  # noqa: E402
 from reward import reward_fn  # noqa: E402
+import speedups  # noqa: E402
 from speedups import onepass_scores  # noqa: E402
 
 RECIPE = str(ROOT / "configs" / "tiny.toml")
@@ -125,14 +126,16 @@ def score_buffers(cfg: Config, policy, tokenizer, train_examples, val_seqs, poin
         rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                      temperature=cfg.temperature, seed=train.derived_seed(cfg.seed, it, train.SAMPLING),
-                                     batch_size=cfg.gen_batch_size, progress=False, old=True, ref=False)
+                                     batch_size=cfg.gen_batch_size, progress=False)
+        rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_ref_logprobs(
+            policy, rollouts, cfg.temperature, cfg.gen_batch_size, ref=False, logprobs=speedups.token_logprobs)
         flipped = train.planted_flips(cfg, it, len(rollouts))
         golds = [examples[j].gold for j in rollouts.prompt_index]
         rewards = torch.tensor([reward_fn(t, g, cfg.dataset, bool(tr), cfg.truncation_penalty, f)
                                 for t, g, tr, f in zip(rollouts.responses, golds, rollouts.truncated, flipped)])
         buf = train.Buffer(examples, rollouts, flipped=flipped, rewards=rewards)
         buf.advantages, _, _, _ = train.compute_advantages(cfg, buf)
-        keep, _ = train.select_episodes(it, cfg, policy, buf, val_seqs)              # the scores go to buf.scores
+        keep, _ = train.select_episodes(it, cfg, policy, buf, val_seqs, train.passes_for(it, cfg))   # scores: buf.scores
         labels = [reasoning_label(t, examples[j].solution, examples[j].gold)
                   for t, j in zip(rollouts.responses, rollouts.prompt_index)]
         out["score"] += buf.scores.tolist()
