@@ -17,6 +17,7 @@ optimizer state, the RNG state and the iteration. A checkpoint directory, or a r
 (its latest checkpoint), is what --init-adapter and evaluate.py --adapter take.
 
 Public:
+    open_run(cfg, dist) -> (run_dir, the pinned --init-adapter or None)   what train.main opens
     open_run_dir(cfg) -> Path            create (or reopen with --resume), lock, write config.json
     lock_run_dir(run_dir), unlock_run_dir(run_dir)   one writing process per run directory
     commit_iteration(run_dir, it, cfg, metrics, episodes, policy, optimizer) -> checkpoint
@@ -46,6 +47,7 @@ from pathlib import Path
 import torch
 
 from config import Config
+from distributed import SINGLE, Single
 from model import load_adapter, save_adapter
 
 
@@ -418,6 +420,21 @@ def restore_run(run_dir: Path, keep: int, policy, optimizer, writer: bool = True
         for name in ("metrics.jsonl", "episodes.jsonl"):
             truncate_jsonl(run_dir / name, keep_through)
     return start
+
+
+def open_run(cfg: Config, dist: Single = SINGLE) -> tuple[Path, Path | None]:
+    """The run directory (new, or --resume's) and the run's pinned copy of --init-adapter (None
+    without one). A resume uses that copy, not the source, unless nothing was committed yet
+    (then the run starts over, from the source)."""
+    from_scratch = not (cfg.resume and latest_checkpoint(Path(cfg.resume)) is not None)
+    source = resolve_checkpoint(cfg.init_adapter, "--init-adapter") if cfg.init_adapter and from_scratch else None
+    run_dir = Path(dist.broadcast(str(open_run_dir(cfg)) if dist.is_main else None))
+    if not cfg.init_adapter:
+        return run_dir, None
+    if dist.is_main:
+        pin_init_adapter(run_dir, source)
+    dist.barrier()
+    return run_dir, run_dir / "init_adapter"
 
 
 def open_run_dir(cfg: Config) -> Path:

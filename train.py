@@ -13,17 +13,14 @@ Post-Training", arXiv 2604.01597. One iteration (the algorithm box, `ppo_iterati
     update      PPO epochs on the kept episodes D', per minibatch M of D':
                 (1/|M|) sum_{i in M} [w_i L_clip_i + c_v L_V_i - c_e H_i]        ppo.py
 
-`--influence off` is plain PPO; `--algo sft` trains the adapters on reference solutions.
-The settings and their checks are in config.py, the data and prompts in tasks.py, the run
-directory (crash-safe commits, checkpoints, resume) in rundir.py. Faults: a crash at any moment
-loses no committed iteration and --resume continues exactly; a NaN/inf stops the run naming
-the phase, before anything of that iteration is saved; nonsense flags are refused at start,
-naming the flag. Run `python train.py --help` for every flag; the README explains the output.
+`--influence off` is plain PPO; `--algo sft` trains on reference solutions (sft.py). Each pass
+is computed as the box defines it (Definitions below) or, by default, with the exact speed-ups
+of speedups.py. The settings are in config.py, the run directory (crash-safe commits, resume)
+in rundir.py, the records of an iteration in logbook.py; a NaN/inf stops the run naming the
+phase (optim.require_finite). `python train.py --help` lists every flag.
 
 Public: main(argv) -> run directory; the phases ppo_iteration (-> Buffer), compute_advantages,
-select_episodes, ppo_update, sft_iteration (each takes `dist`, see distributed.py; tests call
-them under torchrun); make_optimizer, planted_flips. What an iteration did becomes the run's
-records in logbook.py; the exact speed-ups (--speedups) are in speedups.py.
+select_episodes, ppo_update (each takes `dist`, see distributed.py), passes_for.
 """
 
 from __future__ import annotations
@@ -37,25 +34,26 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+import speedups
+from accuracy import run_eval
 from config import Config, check_against_data, check_against_model, check_against_world, parse_config
-from tasks import load_task, make_prompt
 from distributed import SINGLE, Single
 from distributed import setup as setup_distributed
+from draws import FILTER, MINIBATCHES, SAMPLING, batch_indices, derived_seed, planted_flips
 from influence import (binary_filter, dtv_filter, episode_gradients, filter_and_reweight, influence_scores,
                        loop_reference_scores, random_filter, sft_nll, validation_gradient)
-from accuracy import run_eval
 from logbook import Timer, evaluation_due, iteration_records, log_line, start_line
 from model import inspect_model, load_adapter, load_policy, load_reference_adapter
 from offline_models import model_source
+from optim import clip_and_step, make_optimizer, require_finite
 from ppo import gae, group_advantages, kl_penalized_rewards, masked_mean, policy_loss, value_loss, whiten
 from report import write_plots, write_report
 from reward import reward_fn
 from rollout import Rollouts, encode_pairs, generate_rollouts, old_and_ref_logprobs, token_logprobs
-import speedups
-from rundir import (append_jsonl, commit_iteration, last_good_checkpoint_on_fault, latest_checkpoint, open_run_dir,
-                    pin_init_adapter, resolve_checkpoint, restore_run, unlock_run_dir, write_atomic)
-
-SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE, SFT_ROWS = 1, 2, 3, 4, 5, 6   # the purposes of derived_seed's draws
+from rundir import (append_jsonl, commit_iteration, last_good_checkpoint_on_fault, open_run, restore_run,
+                    unlock_run_dir, write_atomic)
+from sft import sft_iteration, sft_term
+from tasks import load_task, make_prompt
 
 
 # ----------------------------------------------------------------------------- the algorithm
@@ -200,12 +198,9 @@ def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, passes, dist: Si
         loss = (1/|M & D'|) sum_{i in M & D'} [ w_i L_clip_i - c_e H_i ]  +  c_v (1/|M & C|) sum_{i in M & C} L_V_i
     where D' is the kept episodes and C the critic's (--critic-episodes: all of them by default,
     or D'); per-episode losses are token means and the value loss is unweighted (our choices).
-    Each epoch shuffles every episode of the buffer and splits them into
-    ceil(N / --minibatch-size) minibatches of balanced sizes (our choice): every method takes
-    the same number of optimizer steps, however many episodes its filter keeps. With
-    --minibatch-size >= N this is exactly the objective of the algorithm box. Under torchrun
-    every rank works on its own episodes of each minibatch and the gradients are summed over
-    ranks before the step, so K ranks take the steps one process would.
+    The minibatches hold every episode (minibatch_plan: the same steps whatever the filter
+    keeps); with --minibatch-size >= N this is exactly the objective of the algorithm box.
+    Under torchrun the gradients are summed over ranks before each step.
     With --sft-coef c > 0 every step's loss also has c times the mean NLL of a batch of
     `sft_seqs`, the validation solutions (sft_term): the PPO-plus-SFT control.
     Returns what logbook.update_metrics reports from: each micro-batch's detached log-probs and
@@ -243,17 +238,6 @@ def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, passes, dist: Si
             "sft_losses": sft_losses}
 
 
-def sft_term(step: int, cfg: Config, policy, sft_seqs, passes) -> float:
-    """--sft-coef c: backward of c x (sum of NLL over a batch of --sft-batch-size validation
-    solutions) / (their token count), at temperature 1 as in --algo sft; the batch is the
-    `step`-th of the run over a seeded shuffle of the solutions. Returns the mean NLL."""
-    rows = batch_indices(len(sft_seqs), step, cfg.sft_batch_size, cfg.seed, purpose=SFT_ROWS)
-    nll, n_tokens = passes.sft_nll(policy, sft_seqs.select(rows))
-    loss = nll.sum() / n_tokens.sum()
-    (cfg.sft_coef * loss).backward()
-    return loss.item()
-
-
 def minibatch_plan(it: int, cfg: Config, keep: torch.Tensor, value_on: torch.Tensor, dist: Single = SINGLE) -> list:
     """The update's optimizer steps: [(epoch, |M & D'|, |M & C|, this rank's part of M)], the
     counts over all ranks' episodes (D' the kept ones, C those in the value loss), the part as
@@ -272,41 +256,6 @@ def minibatch_plan(it: int, cfg: Config, keep: torch.Tensor, value_on: torch.Ten
             mb = mb.sort().values
             steps.append((epoch, int(keep_all[mb].sum()), int(value_all[mb].sum()), dist.mine(mb, len(keep))))
     return steps
-
-
-def clip_and_step(it: int, cfg: Config, policy, optimizer) -> float:
-    """Clip the global gradient norm to --max-grad-norm (0: no clip) and take the optimizer
-    step, unless a gradient is NaN/inf. Returns the norm before clipping."""
-    params = [p for p in policy.parameters() if p.requires_grad]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
-    require_finite(it, "update", gradient_norm=grad_norm)
-    optimizer.step()
-    return grad_norm.item()
-
-
-def sft_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_examples, timer,
-                  dist: Single = SINGLE) -> tuple[dict, list]:
-    """One SFT step: loss = (sum of NLL over the batch's reference tokens) / (their count),
-    with the batch (and the count) spread over the ranks under torchrun. `train_examples`: the
-    rows it trains on (main passes the validation rows under --sft-data val)."""
-    examples = [train_examples[i] for i in batch_indices(len(train_examples), it, cfg.sft_batch_size, cfg.seed)]
-    examples = examples[slice(*dist.span(len(examples)))]
-    passes = passes_for(it, cfg, dist)
-    with timer("update"):
-        seqs = encode_pairs(tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
-                            [e.solution for e in examples], device=policy.device)
-        n_tokens = dist.sum(seqs.response_mask.sum())                                     # all ranks
-        optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), dtype=torch.float64, device=n_tokens.device)
-        for micro in chunks(torch.arange(len(seqs)), cfg.micro_batch_size):
-            nll, _ = passes.sft_nll(policy, seqs.select(micro))
-            loss = nll.sum() / n_tokens
-            require_finite(it, "update", sft_loss=loss)
-            loss.backward()
-            total += loss.item()
-        dist.sum_grads([p for p in policy.parameters() if p.requires_grad])
-        clip_and_step(it, cfg, policy, optimizer)
-    return {"sft_loss": dist.sum(total).item(), "tokens": int(n_tokens)}, []
 
 
 class Definitions:
@@ -355,50 +304,8 @@ def passes_for(it: int, cfg: Config, dist: Single = SINGLE):
 
 # ----------------------------------------------------------------------------- helpers
 
-def derived_seed(seed: int, iteration: int, purpose: int, rank: int = 0) -> int:
-    """Every random draw of an iteration comes from (seed, iteration, purpose, rank), so a
-    resumed run draws exactly what the uninterrupted run would have (rank: the torchrun process)."""
-    return (seed * 1_000_003 + iteration * 7_919 + purpose + rank * 104_729) % (2**63)
-
-
-def planted_flips(cfg: Config, it: int, n: int, rank: int = 0) -> list[bool]:
-    """--reward-noise p: which of the iteration's n episodes have their correctness flipped,
-    each independently with probability p, from a draw of its own (a resumed run flips the
-    same episodes)."""
-    noise = torch.Generator().manual_seed(derived_seed(cfg.seed, it, NOISE, rank))
-    return (torch.rand(n, generator=noise) < cfg.reward_noise).tolist()
-
-
-def batch_indices(n_examples: int, iteration: int, batch: int, seed: int, purpose: int = SHUFFLE) -> list[int]:
-    """The training rows of an iteration: consecutive slices of a seeded permutation per epoch."""
-    out = []
-    for position in range(iteration * batch, (iteration + 1) * batch):
-        epoch, offset = divmod(position, n_examples)
-        order = torch.randperm(n_examples, generator=torch.Generator().manual_seed(derived_seed(seed, epoch, purpose)))
-        out.append(int(order[offset]))
-    return out
-
-
-def make_optimizer(cfg: Config, policy) -> torch.optim.AdamW:
-    """AdamW without weight decay: the LoRA tensors at --lr, the value head at --value-lr."""
-    value_head = list(policy.value_head.parameters())
-    lora = [p for p in policy.parameters() if p.requires_grad and all(p is not v for v in value_head)]
-    return torch.optim.AdamW([{"params": lora, "lr": cfg.lr}, {"params": value_head, "lr": cfg.value_lr}],
-                             weight_decay=0.0)
-
-
 def chunks(index: torch.Tensor, size: int):
     return [index[s:s + size] for s in range(0, len(index), size)]
-
-
-def require_finite(it: int, phase: str, **tensors: torch.Tensor) -> None:
-    """Stop the run on a NaN or inf, naming the iteration, the phase and the tensor (None: not
-    computed, skipped). Raised before anything of the iteration is saved, so checkpoints/latest
-    stays the last good one."""
-    for name, t in tensors.items():
-        if t is not None and not bool(torch.isfinite(t).all()):
-            raise FloatingPointError(f"iteration {it + 1}: {name} contains NaN/inf ({int((~torch.isfinite(t)).sum())} "
-                                     f"of {t.numel()} values) (phase: {phase})")
 
 
 # ----------------------------------------------------------------------------- main
@@ -468,7 +375,8 @@ def train_loop(cfg: Config, start: int, run_dir: Path, policy, tokenizer, optimi
         timer = Timer()
         if cfg.algo == "sft":
             sft_examples = data.val if cfg.sft_data == "val" else data.train
-            metrics, episodes = sft_iteration(it, cfg, policy, tokenizer, optimizer, sft_examples, timer, dist)
+            metrics, episodes = sft_iteration(it, cfg, policy, tokenizer, optimizer, sft_examples, timer,
+                                              passes_for(it, cfg, dist), dist)
         else:
             buf = ppo_iteration(it, cfg, policy, tokenizer, optimizer, data.train, val_seqs, timer, dist)
             metrics, episodes = iteration_records(it, cfg, buf, dtype, dist)
@@ -517,21 +425,6 @@ def load_data(cfg: Config) -> Data:
     record = {"train": train_task.source, "test": test_task.source, "val_rows": [e.where for e in val],
               "eval_rows": [e.where for e in evaluated]}
     return Data(train, val, evaluated, train_task.source, eval_source, record)
-
-
-def open_run(cfg: Config, dist: Single = SINGLE) -> tuple[Path, Path | None]:
-    """The run directory (new, or --resume's) and the run's pinned copy of --init-adapter (None
-    without one). A resume uses that copy, not the source, unless nothing was committed yet
-    (then the run starts over, from the source)."""
-    from_scratch = not (cfg.resume and latest_checkpoint(Path(cfg.resume)) is not None)
-    source = resolve_checkpoint(cfg.init_adapter, "--init-adapter") if cfg.init_adapter and from_scratch else None
-    run_dir = Path(dist.broadcast(str(open_run_dir(cfg)) if dist.is_main else None))
-    if not cfg.init_adapter:
-        return run_dir, None
-    if dist.is_main:
-        pin_init_adapter(run_dir, source)
-    dist.barrier()
-    return run_dir, run_dir / "init_adapter"
 
 
 def load_model(cfg: Config, dist: Single = SINGLE):

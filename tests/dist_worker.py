@@ -14,6 +14,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
 
 from safetensors.torch import save_file  # noqa: E402
 
+import optim  # noqa: E402
 import train  # noqa: E402
 from config import Config  # noqa: E402
 from tasks import load_task, make_prompt  # noqa: E402
@@ -46,7 +47,7 @@ def main(model_dir: str, out: str) -> None:
     rollouts, rewards = everything.select(mine), rewards[mine]
     val_mine = val[slice(*dist.span(len(val)))]
     val_seqs = encode_pairs(tok, [make_prompt(e.question) for e in val_mine], [e.solution for e in val_mine])
-    optimizer = train.make_optimizer(cfg, policy)
+    optimizer = optim.make_optimizer(cfg, policy)
 
     buf = train.Buffer(examples[:4], rollouts, rewards=rewards)
     buf.advantages, buf.returns, _, _ = train.compute_advantages(cfg, buf, dist)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import influence
+import optim
 import train
 from config import Config, parse_config
 from influence import dtv_filter, episode_gradients, loop_reference_scores
@@ -89,7 +90,7 @@ def update(buffer, cfg: Config, keep, returns):
     policy, _, rollouts, advantages = buffer
     torch.manual_seed(0)
     state = {k: v.clone() for k, v in policy.trainable_state().items()}
-    optimizer = train.make_optimizer(cfg, policy)
+    optimizer = optim.make_optimizer(cfg, policy)
     weights = keep.float()
     buf = train.Buffer([], rollouts, advantages=advantages, returns=returns, keep=keep, weights=weights)
     metrics = train.ppo_update(1, cfg, policy, optimizer, buf, train.passes_for(1, cfg))

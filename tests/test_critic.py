@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import logbook
+import optim
 import train
 from config import Config
 from model import load_policy
@@ -84,7 +85,7 @@ def test_whitening_floor_keeps_equal_rewards_from_becoming_full_steps():
 def test_value_head_has_its_own_learning_rate(tiny_dir):
     policy, _ = load_policy(tiny_dir, quiet=True)
     cfg = Config()
-    optimizer = train.make_optimizer(cfg, policy)
+    optimizer = optim.make_optimizer(cfg, policy)
     by_lr = {group["lr"]: group["params"] for group in optimizer.param_groups}
     assert set(by_lr) == {cfg.lr, cfg.value_lr} and cfg.value_lr > cfg.lr
     assert {id(p) for p in by_lr[cfg.value_lr]} == {id(p) for p in policy.value_head.parameters()}
@@ -134,7 +135,7 @@ def test_ratio_and_kl_diagnostics_see_wrong_old_logprobs(tiny_dir):
     advantages = torch.ones_like(rollouts.response_mask) * rollouts.response_mask
     buf = train.Buffer([], rollouts, advantages=advantages, returns=advantages.clone(),
                        keep=torch.ones(N, dtype=torch.bool), weights=torch.ones(N))
-    buf.update = train.ppo_update(0, cfg, policy, train.make_optimizer(cfg, policy), buf, train.passes_for(0, cfg))
+    buf.update = train.ppo_update(0, cfg, policy, optim.make_optimizer(cfg, policy), buf, train.passes_for(0, cfg))
     update = logbook.update_metrics(cfg, buf)
     assert update["ratio_first_mean"] == pytest.approx(math.exp(-0.1), abs=1e-5)
     assert update["ratio_first_max"] == pytest.approx(math.exp(-0.1), abs=1e-5)

@@ -21,6 +21,9 @@ import pytest
 import torch
 
 import rundir
+import influence
+import optim
+import speedups
 import train
 from config import Config
 
@@ -156,7 +159,7 @@ def check_crashed_run(run_dir, steps_done, reference, tiny_dir):
     if latest:
         from model import load_policy
         policy, _ = load_policy(tiny_dir, quiet=True)
-        optimizer = train.make_optimizer(Config(), policy)
+        optimizer = optim.make_optimizer(Config(), policy)
         assert rundir.load_checkpoint(run_dir, policy, optimizer) == int(latest.name.split("_")[1])
         assert len(optimizer.state) > 0
     train.main(["--resume", str(run_dir), "--no-progress"])
@@ -256,24 +259,24 @@ def with_nan(t: torch.Tensor) -> torch.Tensor:
 
 
 def nan_old_logprobs(passes):
-    """train.old_and_ref_logprobs (where pi_old comes from) leaving a NaN in them."""
+    """old_and_ref_logprobs (where pi_old comes from) leaving a NaN in them."""
     old_logprobs, values, ref_logprobs = passes
     return with_nan(old_logprobs), values, ref_logprobs
 
 
-@pytest.mark.parametrize("name, corrupt, phase, tensor", [
-    ("old_and_ref_logprobs", nan_old_logprobs, "rollout", "old_logprobs"),
-    ("reward_fn", lambda r: float("inf"), "reward", "rewards"),
-    ("validation_gradient", with_nan, "influence", "g_val"),
-    ("onepass_scores", with_nan, "influence", "scores"),
-    ("policy_loss", with_nan, "update, epoch 1", "loss"),
+@pytest.mark.parametrize("where, name, corrupt, phase, tensor", [   # where the default path (--speedups on) calls it
+    (speedups, "old_and_ref_logprobs", nan_old_logprobs, "rollout", "old_logprobs"),
+    (train, "reward_fn", lambda r: float("inf"), "reward", "rewards"),
+    (influence, "validation_gradient", with_nan, "influence", "g_val"),
+    (speedups, "onepass_scores", with_nan, "influence", "scores"),
+    (train, "policy_loss", with_nan, "update, epoch 1", "loss"),
 ])
 def test_nan_stops_the_run_naming_the_phase_and_keeps_the_last_good_checkpoint(
-        reference, tmp_path, monkeypatch, name, corrupt, phase, tensor):
+        reference, tmp_path, monkeypatch, where, name, corrupt, phase, tensor):
     run_dir = tmp_path / "run"
     shutil.copytree(reference.after_first_commit, run_dir)     # iteration 1 done and committed
-    patched = corrupted(getattr(train, name), corrupt)
-    monkeypatch.setattr(train, name, patched)   # from iteration 2 on
+    patched = corrupted(getattr(where, name), corrupt)
+    monkeypatch.setattr(where, name, patched)   # from iteration 2 on
     with pytest.raises(FloatingPointError) as caught:
         train.main(["--resume", str(run_dir), "--no-progress"])
     message = str(caught.value)

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import draws
+import optim
 import train
 from config import Config
 from influence import episode_gradients, sft_nll, validation_gradient
@@ -27,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py
 
 def first_step_gradient(policy, cfg, buf, val_seqs=None) -> torch.Tensor:
     """The LoRA gradient of ppo_update's first optimizer step, as the optimizer sees it."""
-    optimizer = train.make_optimizer(cfg, policy)
+    optimizer = optim.make_optimizer(cfg, policy)
     seen = []
 
     def step():
@@ -90,7 +92,7 @@ def test_the_sft_term_adds_coef_times_the_gradient_of_a_batch_of_validation_nll(
                 max_grad_norm=0.0, sft_batch_size=2)
     plain = first_step_gradient(policy, Config(**base), buf)
     mixed = first_step_gradient(policy, Config(**base, sft_coef=0.5), buf, val)
-    rows = train.batch_indices(len(val), 0, 2, 0, purpose=train.SFT_ROWS)              # step 0 of the run
+    rows = draws.batch_indices(len(val), 0, 2, 0, purpose=draws.SFT_ROWS)              # step 0 of the run
     nll, n = sft_nll(policy, val.select(rows))
     params = lora_parameters(policy)
     sft_grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad(nll.sum() / n.sum(), params)]).double()

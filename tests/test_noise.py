@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import logbook
+import draws
 import train
 from config import Config
 from logbook import detection_auc
@@ -23,13 +24,13 @@ def test_flip_turns_right_into_wrong_and_back():
 
 def test_flips_have_the_asked_share_and_are_a_function_of_seed_and_iteration():
     cfg = Config(reward_noise=0.2, seed=3)
-    flips = train.planted_flips(cfg, 7, 20_000)
+    flips = draws.planted_flips(cfg, 7, 20_000)
     share = sum(flips) / len(flips)
     assert abs(share - 0.2) < 0.015            # binomial sd 0.0028: a 5-sigma band
-    assert train.planted_flips(cfg, 7, 20_000) == flips
-    assert train.planted_flips(cfg, 8, 20_000) != flips
-    assert not any(train.planted_flips(Config(reward_noise=0.0), 7, 1000))
-    assert all(train.planted_flips(Config(reward_noise=1.0), 7, 1000))
+    assert draws.planted_flips(cfg, 7, 20_000) == flips
+    assert draws.planted_flips(cfg, 8, 20_000) != flips
+    assert not any(draws.planted_flips(Config(reward_noise=0.0), 7, 1000))
+    assert all(draws.planted_flips(Config(reward_noise=1.0), 7, 1000))
 
 
 def brute_force_auc(scores, positive):

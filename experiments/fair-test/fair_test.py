@@ -66,11 +66,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT), str(ROOT / "experiments")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from compare import finished, half_width_95, train_command  # noqa: E402
+from compare import finished, half_width_95  # noqa: E402
 from logbook import detection_auc  # noqa: E402
+from runner import run_all  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -141,38 +142,6 @@ def grid_jobs(out: Path, lrs: dict[str, dict]) -> list[dict]:
                               "--reward-noise", f"{noise:g}", "--eval-every", "10", "--eval-limit", "500",
                               "--no-plots", "--no-progress"]})
     return jobs
-
-
-def run_all(jobs: list[dict], parallel: int, deadline: float) -> list[str]:
-    """Run the unfinished jobs, `parallel` processes of one thread each, starting none after
-    `deadline` (time.time()); a failed job is reported and the others go on. Returns the
-    names of the failed ones."""
-    pending = [j for j in jobs if not finished(j)]
-    print(f"[fair-test] {len(jobs) - len(pending)} of {len(jobs)} runs done before", file=sys.stderr)
-    running, failed = [], []
-    while running or (pending and time.time() < deadline):
-        while pending and len(running) < parallel and time.time() < deadline:
-            j = pending.pop(0)
-            j["run_dir"].parent.mkdir(parents=True, exist_ok=True)
-            argv = train_command(j, progress=False)
-            print(f"[fair-test] {time.strftime('%H:%M')} {j['name']}: train.py {' '.join(argv)}", file=sys.stderr)
-            log = open(f"{j['run_dir']}.log", "a")
-            env = dict(os.environ, OMP_NUM_THREADS="1")
-            running.append((j, subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv], cwd=ROOT,
-                                                stdout=log, stderr=subprocess.STDOUT, env=env), log))
-        time.sleep(1.0)
-        for item in list(running):
-            j, proc, log = item
-            if proc.poll() is not None:
-                running.remove(item)
-                log.close()
-                if proc.returncode != 0:
-                    failed.append(j["name"])
-                    print(f"[fair-test] {j['name']} failed (exit {proc.returncode}); see {j['run_dir']}.log",
-                          file=sys.stderr)
-    if pending:
-        print(f"[fair-test] deadline: {len(pending)} runs not started; run again to go on", file=sys.stderr)
-    return failed
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -629,10 +598,10 @@ def main(argv=None) -> None:
     out = Path(args.out)
     deadline = time.time() + args.hours * 3600
     if not args.report:
-        failed = run_all(tune_jobs(out), args.parallel, deadline)
+        failed = run_all(tune_jobs(out), args.parallel, deadline, "fair-test")
         lrs = tuned_lrs(out)
         (out / "tuned.json").write_text(json.dumps({m: t["lr"] for m, t in lrs.items()}, indent=1))
-        failed += run_all(grid_jobs(out, lrs), args.parallel, deadline)
+        failed += run_all(grid_jobs(out, lrs), args.parallel, deadline, "fair-test")
         if failed:
             print(f"[fair-test] failed: {', '.join(failed)}", file=sys.stderr)
         write_records(out)

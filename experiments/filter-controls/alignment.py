@@ -48,6 +48,7 @@ from reward import reward_fn  # noqa: E402
 from rollout import encode_pairs, generate_rollouts, old_and_ref_logprobs  # noqa: E402
 import speedups  # noqa: E402
 from speedups import onepass_scores  # noqa: E402
+import draws  # noqa: E402
 import train  # noqa: E402
 
 BATCHES = 4                 # x 128 fresh episodes at each point
@@ -70,7 +71,7 @@ def measure(run_dir: Path, iteration: int) -> dict:
     align, score, correct, adv_mean, kept_adv = [], [], [], [], []
     for b in range(BATCHES):
         it = 10_000 + b                          # prompts and samples no training iteration drew
-        rows = [train_rows[i] for i in train.batch_indices(len(train_rows), it, cfg.prompts_per_iter, cfg.seed)]
+        rows = [train_rows[i] for i in draws.batch_indices(len(train_rows), it, cfg.prompts_per_iter, cfg.seed)]
         rollouts = generate_rollouts(policy, tok, [make_prompt(e.question, cfg.dataset) for e in rows],
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
                                      temperature=cfg.temperature, seed=it, batch_size=cfg.gen_batch_size,

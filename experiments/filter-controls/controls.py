@@ -33,9 +33,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "experiments")]
 
 from compare import half_width_95  # noqa: E402
+from runner import run_all  # noqa: E402
 
 RECORDS = HERE / "records.jsonl"
 ITERATIONS = 150
@@ -115,7 +116,7 @@ def test_jobs(out: Path, picks: dict[str, str]) -> list[dict]:
 def job(run_dir: Path, arm: str, seed: int, phase: str, flags: list[str], setting: str = "", after: str = "") -> dict:
     return {"name": run_dir.name if phase == "test" else f"tune-{run_dir.name}", "arm": arm, "seed": seed,
             "phase": phase, "setting": setting, "run_dir": run_dir, "after": after,
-            "argv": [*RECIPE, *flags, "--seed", str(seed), "--iterations", str(ITERATIONS), "--run-dir", str(run_dir)]}
+            "iterations": ITERATIONS, "argv": [*RECIPE, *flags, "--seed", str(seed)]}
 
 
 def finished(job: dict) -> bool:
@@ -125,50 +126,6 @@ def finished(job: dict) -> bool:
     path = job["run_dir"] / "metrics.jsonl"
     return path.exists() and any(json.loads(line).get("iteration") == ITERATIONS
                                  for line in path.read_text().splitlines() if line)
-
-
-def command(job: dict) -> list[str]:
-    """train.py's arguments: a fresh start, or --resume where train.py already started the run."""
-    if (job["run_dir"] / "config.json").exists():
-        return ["--resume", str(job["run_dir"]), "--no-progress"]
-    return job["argv"]
-
-
-def run_all(jobs: list[dict], parallel: int, deadline: float, on_finish) -> None:
-    """Run the unfinished jobs, `parallel` one-thread processes at a time, none started after
-    `deadline`; a job waits for the job named in its "after". `on_finish(job)` is called for
-    every job finished, before or now."""
-    done = {j["name"] for j in jobs if finished(j)}
-    for j in jobs:
-        if j["name"] in done and (j["run_dir"] / "metrics.jsonl").exists():
-            on_finish(j)
-    pending, running = [j for j in jobs if j["name"] not in done], []
-    print(f"[controls] {len(done)} of {len(jobs)} runs done before", file=sys.stderr)
-    while running or (pending and time.time() < deadline):
-        ready = [j for j in pending if not j["after"] or j["after"] in done]
-        while ready and len(running) < parallel and time.time() < deadline:
-            j = ready.pop(0)
-            pending.remove(j)
-            j["run_dir"].parent.mkdir(parents=True, exist_ok=True)
-            print(f"[controls] {time.strftime('%H:%M')} {j['name']}", file=sys.stderr, flush=True)
-            log = open(f"{j['run_dir']}.log", "a")
-            proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *command(j)], cwd=ROOT, stdout=log,
-                                    stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
-            running.append((j, proc, log))
-        time.sleep(2.0)
-        for item in list(running):
-            j, proc, log = item
-            if proc.poll() is not None:
-                running.remove(item)
-                log.close()
-                if proc.returncode == 0 and finished(j):
-                    done.add(j["name"])
-                    on_finish(j)
-                else:
-                    print(f"[controls] {j['name']} failed (exit {proc.returncode}); see {j['run_dir']}.log",
-                          file=sys.stderr)
-    if pending:
-        print(f"[controls] {len(pending)} runs not started; run again to go on", file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- the records
@@ -342,7 +299,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.phase:
         jobs = tune_jobs(args.out) if args.phase == "tune" else test_jobs(args.out, chosen(read_records()))
-        run_all(jobs, args.parallel, time.time() + 3600 * args.hours, record)
+        run_all(jobs, args.parallel, time.time() + 3600 * args.hours, "controls", done=finished, on_finish=record)
     if args.report or not args.phase:
         records = read_records()
         (HERE / "report.md").write_text(report(records))

@@ -52,6 +52,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
+import draws  # noqa: E402
 import train  # noqa: E402
 from config import Config  # noqa: E402
 from tasks import load_task, make_prompt  # noqa: E402
@@ -121,15 +122,15 @@ def score_buffers(cfg: Config, policy, tokenizer, train_examples, val_seqs, poin
     out = {k: [] for k in ("score", "kept", "correct", "faithful", "flipped", "group")}
     for b in range(BUFFERS):
         it = 10_000 + b                       # buffers of their own: not the iterations of any run
-        examples = [train_examples[i] for i in train.batch_indices(len(train_examples), it, cfg.prompts_per_iter,
+        examples = [train_examples[i] for i in draws.batch_indices(len(train_examples), it, cfg.prompts_per_iter,
                                                                     cfg.seed)]
         rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
                                      n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
-                                     temperature=cfg.temperature, seed=train.derived_seed(cfg.seed, it, train.SAMPLING),
+                                     temperature=cfg.temperature, seed=draws.derived_seed(cfg.seed, it, draws.SAMPLING),
                                      batch_size=cfg.gen_batch_size, progress=False)
         rollouts.old_logprobs, rollouts.values, rollouts.ref_logprobs = old_and_ref_logprobs(
             policy, rollouts, cfg.temperature, cfg.gen_batch_size, ref=False, logprobs=speedups.token_logprobs)
-        flipped = train.planted_flips(cfg, it, len(rollouts))
+        flipped = draws.planted_flips(cfg, it, len(rollouts))
         golds = [examples[j].gold for j in rollouts.prompt_index]
         rewards = torch.tensor([reward_fn(t, g, cfg.dataset, bool(tr), cfg.truncation_penalty, f)
                                 for t, g, tr, f in zip(rollouts.responses, golds, rollouts.truncated, flipped)])

@@ -55,7 +55,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "fair-test"))
 
-from fair_test import PASSES, RECIPE, final_eval, read_metrics, run_all  # noqa: E402  (the fair test's protocol)
+from fair_test import PASSES, RECIPE, final_eval, read_metrics  # noqa: E402  (the fair test's protocol)
+from runner import run_all  # noqa: E402
 from compare import finished, half_width_95  # noqa: E402
 
 ITERATIONS = 150
@@ -119,17 +120,24 @@ def summarize(job: dict, where: str) -> dict:
             "unfaithful_curve": {str(r["iteration"]): r.get("eval_unfaithful_of_correct") for r in evals}}
 
 
+def faithful_curve(run: dict) -> dict:
+    """Faithful accuracy at each evaluation: the share of problems answered correctly with
+    faithful reasoning, greedy em x (1 - the unfaithful share of the correct answers)."""
+    return {i: em * (1 - (run["unfaithful_curve"].get(i) or 0.0)) for i, em in run["curve"].items()}
+
+
 def figure(runs: list[dict], path: Path) -> None:
-    """Greedy em and the unfaithful share of the correct answers against iteration, PPO and
-    I-PPO, one thin line per seed and their mean, for the runs that kept their curves."""
+    """Greedy em, faithful accuracy and the unfaithful share of the correct answers against
+    iteration, PPO and I-PPO, one thin line per seed and their mean, for the runs that kept
+    their curves."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    runs = [r for r in runs if r.get("curve")]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    runs = [r | {"faithful_curve": faithful_curve(r)} for r in runs if r.get("curve")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for method, colour, name in (("ppo", "tab:blue", "PPO"), ("ippo", "tab:red", "I-PPO")):
         mine = [r for r in runs if r["method"] == method]
-        for ax, key in zip(axes, ("curve", "unfaithful_curve")):
+        for ax, key in zip(axes, ("curve", "faithful_curve", "unfaithful_curve")):
             its = sorted(set.intersection(*(set(map(int, r[key])) for r in mine))) if mine else []
             for r in mine:
                 ax.plot(its, [r[key][str(i)] for i in its], color=colour, alpha=0.25, lw=0.8)
@@ -137,7 +145,8 @@ def figure(runs: list[dict], path: Path) -> None:
                 ax.plot(its, [statistics.mean(r[key][str(i)] for r in mine) for i in its], color=colour, lw=2,
                         label=f"{name}, mean of {len(mine)} seeds")
     axes[0].set(xlabel="iteration", ylabel="greedy exact match, 500 test problems")
-    axes[1].set(xlabel="iteration", ylabel="unfaithful share of the correct greedy answers")
+    axes[1].set(xlabel="iteration", ylabel="faithful accuracy (correct and faithful), greedy")
+    axes[2].set(xlabel="iteration", ylabel="unfaithful share of the correct greedy answers")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend()
@@ -258,7 +267,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.report:
         todo = jobs(args.out) if args.phase == "dev" else test_jobs(args.out)
-        failed = run_all(todo, args.parallel, time.time() + 3600 * args.hours)
+        failed = run_all(todo, args.parallel, time.time() + 3600 * args.hours, "val-size")
         if failed:
             print(f"[val-size] failed: {', '.join(failed)}", file=sys.stderr)
     record = update_record(args.out, args.record, machine())

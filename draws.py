@@ -1,0 +1,38 @@
+"""Every random draw of a run, from (seed, iteration, purpose, rank): a resumed run draws exactly
+what the uninterrupted run would have, and torchrun's ranks draw their own shares.
+
+Public:
+    derived_seed(seed, iteration, purpose, rank)  the seed of one draw; the purposes below
+    batch_indices(n, iteration, batch, seed)      the training rows of an iteration
+    planted_flips(cfg, it, n, rank)               --reward-noise: which episodes' rewards flip
+"""
+
+from __future__ import annotations
+
+import torch
+
+SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE, SFT_ROWS = 1, 2, 3, 4, 5, 6   # the purposes of derived_seed's draws
+
+
+def derived_seed(seed: int, iteration: int, purpose: int, rank: int = 0) -> int:
+    """Every random draw of an iteration comes from (seed, iteration, purpose, rank), so a
+    resumed run draws exactly what the uninterrupted run would have (rank: the torchrun process)."""
+    return (seed * 1_000_003 + iteration * 7_919 + purpose + rank * 104_729) % (2**63)
+
+
+def batch_indices(n_examples: int, iteration: int, batch: int, seed: int, purpose: int = SHUFFLE) -> list[int]:
+    """The training rows of an iteration: consecutive slices of a seeded permutation per epoch."""
+    out = []
+    for position in range(iteration * batch, (iteration + 1) * batch):
+        epoch, offset = divmod(position, n_examples)
+        order = torch.randperm(n_examples, generator=torch.Generator().manual_seed(derived_seed(seed, epoch, purpose)))
+        out.append(int(order[offset]))
+    return out
+
+
+def planted_flips(cfg, it: int, n: int, rank: int = 0) -> list[bool]:
+    """--reward-noise p: which of the iteration's n episodes have their correctness flipped,
+    each independently with probability p, from a draw of its own (a resumed run flips the
+    same episodes)."""
+    noise = torch.Generator().manual_seed(derived_seed(cfg.seed, it, NOISE, rank))
+    return (torch.rand(n, generator=noise) < cfg.reward_noise).tolist()
