@@ -5,14 +5,14 @@ choices the paper leaves open that are settings (lambda 1, the value head's lear
 value clipping, the whitening floor) are commented where their default is set. Flags are
 checked three times, each before any work it would waste: `Config.validate` at start (ranges
 and combinations), `check_against_model` from the model's config alone (before the weights
-load), `check_against_data` and `check_against_world` once the data and the number of
+load), `check_against_data` and `check_against_ranks` once the data and the number of
 torchrun processes are known. A refused flag ends the run with one message naming it.
 
 Public:
     Config                              the dataclass of all settings (config.json of a run)
     parse_config(argv) -> Config        the command line, or with --resume the run's config.json
     add_config_flags(parser, names)     Config's fields as argparse flags (compare.py uses it)
-    check_against_model(cfg, info), check_against_world(cfg, world), check_against_data(cfg, n)
+    check_against_model(cfg, info), check_against_ranks(cfg, ranks), check_against_data(cfg, n)
     read_saved_config(path) -> dict     a run's config.json, checked field by field
 """
 
@@ -50,7 +50,7 @@ class Config:
                             "else data/", choices=("auto", "hub", "local"))
     arith_digits: int = flag(ARITH_DIGITS, "--dataset arith: digits of every number in a problem")
     arith_terms: int = flag(ARITH_TERMS, "--dataset arith: numbers per problem (terms - 1 additions or subtractions)")
-    algo: str = flag("ppo", "ppo (with or without influence) or sft (LoRA on reference solutions)", choices=("ppo", "sft"))
+    algo: str = flag("ppo", "ppo (with or without influence) or sft (LoRA on worked solutions)", choices=("ppo", "sft"))
     influence: str = flag("on", "on: I-PPO; off: plain PPO", choices=("on", "off"))
     reweight: bool = flag(True, "weight kept episodes by s_i / mean kept s (--no-reweight: binary filter)")
     speedups: str = flag("on", "off: every step by its definition (per-episode gradients by a loop of backward "
@@ -61,11 +61,11 @@ class Config:
                          "every episode: memory grows with prompts x samples, not --micro-batch-size)",
                          choices=("off", "on", "all"))
     random_filter: bool = flag(False, "control: drop as many episodes as influence would, chosen at random")
-    reference: str = flag("validation", "what each episode's gradient g_i is dotted with: validation (I-PPO: g_val, "
-                          "the SFT gradient of the validation set); batch (DTV, arXiv 2609.35072: the mean g_j of "
-                          "the buffer's episodes); batch-loo (the same mean without episode i). The batch "
-                          "references filter only, as DTV does: keep s_i >= 0, every kept weight 1",
-                          choices=("validation", "batch", "batch-loo"))
+    score_against: str = flag("validation", "what each episode's gradient g_i is dotted with: validation (I-PPO: g_val, "
+                              "the SFT gradient of the validation set); batch (DTV, arXiv 2609.35072: the mean g_j "
+                              "of the buffer's episodes); batch-loo (the same mean without episode i). batch and "
+                              "batch-loo filter only, as DTV does: keep s_i >= 0, every kept weight 1",
+                              choices=("validation", "batch", "batch-loo"))
     # Our choice: the critic learns from every episode of the buffer. The filter is about the
     # policy gradient; fitting V on the kept episodes only would give I-PPO a critic trained on
     # a sign-dependent half of the data, and that critic makes every advantage next iteration.
@@ -80,7 +80,7 @@ class Config:
     # The controls of the filter. I-PPO's update, sum_{s_i > 0} s_i g_i = (sum_{s_i > 0} g_i g_i^T) g_val,
     # is a preconditioned step down the validation SFT loss (influence.py): what does the filter
     # add beyond its validation solutions? These train on those solutions directly.
-    sft_data: str = flag("train", "--algo sft: which reference solutions it trains on: train (the training rows) or "
+    sft_data: str = flag("train", "--algo sft: which worked solutions it trains on: train (the training rows) or "
                          "val (the --val-size validation solutions behind g_val: the control for I-PPO)",
                          choices=("train", "val"))
     sft_coef: float = flag(0.0, "PPO plus an SFT term (PPO-ptx style): every optimizer step adds this times the mean "
@@ -133,7 +133,7 @@ class Config:
     val_batch_size: int = flag(8, "validation examples per forward/backward for g_val")
     stop_below_kept: float = flag(0.0, "optional stop rule: end the run once the kept fraction falls below this (0 = off)")
     # SFT
-    sft_batch_size: int = flag(8, "--algo sft, and the SFT term of --sft-coef: reference solutions per optimizer step")
+    sft_batch_size: int = flag(8, "--algo sft, and the SFT term of --sft-coef: worked solutions per optimizer step")
     # LoRA
     lora_rank: int = flag(8, "LoRA rank r")
     lora_alpha: float = flag(16.0, "LoRA alpha (scale alpha / r)")
@@ -221,14 +221,14 @@ def check_against_model(cfg: Config, model: ModelInfo) -> None:
                          f"its linear layers are {model.linear_names}")
 
 
-def check_against_world(cfg: Config, world: int) -> None:
+def check_against_ranks(cfg: Config, ranks: int) -> None:
     """Under torchrun every rank needs at least one prompt, validation row and SFT example."""
-    if cfg.sft_coef > 0 and world > 1:
+    if cfg.sft_coef > 0 and ranks > 1:
         raise SystemExit("--sft-coef: not implemented under torchrun (its batch of validation solutions is drawn "
                          "in one process); run it in one process")
     for name in ("prompts_per_iter", "val_size", "sft_batch_size"):
-        if getattr(cfg, name) < world:
-            raise SystemExit(f"--{name.replace('_', '-')} {getattr(cfg, name)}: fewer than the {world} torchrun "
+        if getattr(cfg, name) < ranks:
+            raise SystemExit(f"--{name.replace('_', '-')} {getattr(cfg, name)}: fewer than the {ranks} torchrun "
                              "processes; each process needs at least one")
 
 
@@ -292,11 +292,11 @@ def refuse_inert_flags(cfg: Config, given: set[str]) -> None:
                                "critic_episodes", "critic_grad")]
     if cfg.influence == "off":
         inert += [(name, "--influence off", "nothing is scored")
-                  for name in ("stop_below_kept", "reference", "critic_episodes")]
+                  for name in ("stop_below_kept", "score_against", "critic_episodes")]
     if cfg.random_filter:
         inert += [("reweight", "--random-filter", "the random control keeps its episodes at weight 1")]
-    elif cfg.reference != "validation":
-        inert += [("reweight", f"--reference {cfg.reference}", "the batch references filter only, as DTV does")]
+    elif cfg.score_against != "validation":
+        inert += [("reweight", f"--score-against {cfg.score_against}", "batch and batch-loo filter only, as DTV does")]
     if cfg.algo != "sft":
         inert += [("sft_data", "--algo ppo", "it picks --algo sft's data; --sft-coef always uses the validation "
                    "solutions")]
@@ -391,14 +391,17 @@ def resumed_config(cfg: Config, given: set[str]) -> Config:
 
 
 def renamed_settings(path: Path, values: dict) -> dict:
-    """A config.json written before --influence-method and --passes became --speedups: the
+    """A config.json written before --reference became --score-against (renamed), or before
+    --influence-method and --passes became --speedups: the
     settings that mean the same run are renamed (onepass with separate passes is --speedups on,
     with shared passes --speedups all); the per-episode loop is refused, since --speedups off
     also changes how the log-probs are computed (the same numbers up to rounding), so the
     resumed run would not continue the saved one exactly."""
+    values = dict(values)
+    if "reference" in values:     # --reference became --score-against: the same setting
+        values["score_against"] = values.pop("reference")
     if "influence_method" not in values and "passes" not in values:
         return values
-    values = dict(values)
     method, passes = values.pop("influence_method", "onepass"), values.pop("passes", "separate")
     if method == "loop":
         raise SystemExit(f"{path}: this run used --influence-method loop, which is now --speedups off; it cannot be "

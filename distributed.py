@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 class Single:
     """One process: every collective is the identity, every share is the whole."""
-    rank, world, local_rank, backend = 0, 1, 0, "none"
+    rank, ranks, local_rank, backend = 0, 1, 0, "none"
     is_main, active = True, False
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
@@ -94,7 +94,7 @@ SINGLE = Single()  # one process: every collective below is the identity
 class Dist(Single):
     """K processes under torchrun, one per rank."""
     rank: int = 0
-    world: int = 1
+    ranks: int = 1
     local_rank: int = 0
     backend: str = "none"
 
@@ -105,7 +105,7 @@ class Dist(Single):
 
     @property
     def active(self) -> bool:
-        return self.world > 1
+        return self.ranks > 1
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.active:
@@ -115,12 +115,12 @@ class Dist(Single):
     def cat(self, t: torch.Tensor) -> torch.Tensor:
         if not self.active:
             return t
-        sizes = [torch.zeros(1, dtype=torch.long, device=t.device) for _ in range(self.world)]
+        sizes = [torch.zeros(1, dtype=torch.long, device=t.device) for _ in range(self.ranks)]
         dist.all_gather(sizes, torch.tensor([len(t)], device=t.device))
         longest = int(max(s.item() for s in sizes))
         padded = torch.zeros(longest, *t.shape[1:], dtype=t.dtype, device=t.device)
         padded[:len(t)] = t
-        parts = [torch.empty_like(padded) for _ in range(self.world)]
+        parts = [torch.empty_like(padded) for _ in range(self.ranks)]
         dist.all_gather(parts, padded)
         return torch.cat([p[:int(s.item())] for p, s in zip(parts, sizes)])
 
@@ -128,7 +128,7 @@ class Dist(Single):
         """Where this rank's n items start in Dist.cat's concatenation."""
         if not self.active:
             return 0
-        sizes = [None] * self.world
+        sizes = [None] * self.ranks
         dist.all_gather_object(sizes, n)
         return sum(sizes[:self.rank])
 
@@ -142,7 +142,7 @@ class Dist(Single):
         """Python objects (e.g. episode records) from every rank, concatenated in rank order."""
         if not self.active:
             return items
-        parts = [None] * self.world
+        parts = [None] * self.ranks
         dist.all_gather_object(parts, items)
         return [x for part in parts for x in part]
 
@@ -171,14 +171,14 @@ class Dist(Single):
                 dist.broadcast(t.data, src=0)
             checksum = torch.stack([torch.stack([t.double().sum(), t.double().square().sum()]) for t in tensors])
         sums = self.cat(checksum.flatten())
-        sums = sums.view(self.world, -1)
-        differ = [r for r in range(self.world) if not torch.equal(sums[r], sums[0])]
+        sums = sums.view(self.ranks, -1)
+        differ = [r for r in range(self.ranks) if not torch.equal(sums[r], sums[0])]
         if differ:
             raise RuntimeError(f"torchrun: ranks {differ} do not hold rank 0's trainable parameters after the broadcast")
 
     def span(self, n: int) -> tuple[int, int]:
         """Rank r gets items [start, stop): contiguous, sizes differ by at most one."""
-        base, extra = divmod(n, self.world)
+        base, extra = divmod(n, self.ranks)
         start = self.rank * base + min(self.rank, extra)
         return start, start + base + (1 if self.rank < extra else 0)
 
@@ -203,8 +203,8 @@ def setup() -> Single:
     """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK; join the process group if there is more
     than one process (Dist: nccl when CUDA is available, each rank on GPU LOCAL_RANK, else gloo).
     One process: Single."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    if ranks <= 1:
         return Single()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -219,4 +219,4 @@ def setup() -> Single:
         # interpreter's exit (see Dist.close). Imported here, it binds None.
         importlib.import_module("torch.distributed.fsdp")
         dist.init_process_group(backend=backend)
-    return Dist(rank=rank, world=world, local_rank=local_rank, backend=backend)
+    return Dist(rank=rank, ranks=ranks, local_rank=local_rank, backend=backend)

@@ -30,7 +30,7 @@ the controls that train on them directly (train.py --algo sft --sft-data val, --
 what the filter adds beyond them (experiments/filter-controls/). tests/test_filter_controls.py
 checks the identity on the gradient ppo_update takes.
 
-The validation-free reference (DTV, arXiv 2609.35072), --reference batch | batch-loo: the
+The validation-free reference (DTV, arXiv 2609.35072), --score-against batch | batch-loo: the
 episode's g_i is dotted with the mean gradient of the buffer's episodes, r = (1/N) sum_j g_j,
 or without itself, (sum_j g_j - g_i) / (N - 1); DTV keeps s_i >= 0 and does not reweight.
 
@@ -39,7 +39,7 @@ Public functions (the definitions; speedups.py computes the same scores in one p
     validation_gradient(policy, val_seqs, ...)   -> g_val, a flat (P,) fp32 vector
     episode_gradients(policy, rollouts, advantages, ...) -> (N, P), one backward pass per episode
     influence_scores(episode_grads, g_val)       -> (N,) scores s_i
-    loop_reference_scores(episode_grads, ...)    -> (N,) DTV's scores
+    loop_batch_scores(episode_grads, ...)    -> (N,) DTV's scores
     filter_and_reweight(scores)                  -> (keep (N,) bool, weights (N,))
     binary_filter(scores)                        -> the same filter, every kept weight 1
     random_filter(scores, generator)             -> drop as many as the scores would, at random
@@ -112,16 +112,16 @@ def influence_scores(episode_grads: torch.Tensor, g_val: torch.Tensor) -> torch.
     return (episode_grads.double() @ g_val.double()).float()
 
 
-def loop_reference_scores(episode_grads: torch.Tensor, *, leave_one_out: bool, reduce_sum=lambda x: x,
+def loop_batch_scores(episode_grads: torch.Tensor, *, leave_one_out: bool, reduce_sum=lambda x: x,
                           n_total: int | None = None) -> torch.Tensor:
     """DTV's scores from per-episode gradients (N, P), s_i = g_i . r (module docstring);
-    speedups.batch_reference_scores gives the same from one pass (tested)."""
+    speedups.onepass_batch_scores gives the same from one pass (tested)."""
     grads = episode_grads.double()
-    total = reduce_sum(grads.sum(0))
+    grad_sum = reduce_sum(grads.sum(0))                                   # sum_j g_j over every rank
     n = len(grads) if n_total is None else n_total
     if leave_one_out:
-        return ((grads @ total - (grads * grads).sum(-1)) / max(n - 1, 1)).float()
-    return (grads @ total / n).float()
+        return ((grads @ grad_sum - (grads * grads).sum(-1)) / max(n - 1, 1)).float()
+    return (grads @ grad_sum / n).float()
 
 
 def filter_and_reweight(scores: torch.Tensor):
@@ -153,7 +153,7 @@ def random_filter(scores: torch.Tensor, generator: torch.Generator):
 
 
 def dtv_filter(scores: torch.Tensor):
-    """--reference batch | batch-loo: DTV keeps the episodes whose gradient does not oppose the
+    """--score-against batch | batch-loo: DTV keeps the episodes whose gradient does not oppose the
     batch's (s_i >= 0), each weighted 1; it does not reweight."""
     keep = scores >= 0
     return keep, keep.to(scores.dtype)

@@ -59,18 +59,18 @@ def iteration_records(it, cfg: Config, buf, dtype: torch.dtype, dist=SINGLE) -> 
         if dist.is_main:
             print(f"[it {it + 1}] warning: {what}", file=sys.stderr)
     # Sums and counts over all ranks first, then the means.
-    total = dict(zip(("reward", "correct", "unparsed", "truncated", "tokens", "episodes", "kl"), dist.sum(torch.tensor(
+    sums = dict(zip(("reward", "correct", "unparsed", "truncated", "tokens", "episodes", "kl"), dist.sum(torch.tensor(
         [rewards.sum().item(), sum(correct), sum(a is None for a in answers), rollouts.truncated.sum().item(),
          mask.sum().item(), len(rollouts), 0.0 if kl is None else kl.sum().item()],
         dtype=torch.float64, device=mask.device)).tolist()))
-    per_episode = {k: total[k] / total["episodes"] for k in ("reward", "correct", "unparsed", "truncated", "tokens")}
+    per_episode = {k: sums[k] / sums["episodes"] for k in ("reward", "correct", "unparsed", "truncated", "tokens")}
     metrics = {
         "reward": per_episode["reward"], "accuracy": per_episode["correct"], "unparsed": per_episode["unparsed"],
         "truncated": per_episode["truncated"], "response_tokens": per_episode["tokens"],
-        "episodes": int(total["episodes"]), "kept": n_kept, "kept_fraction": n_kept / total["episodes"],
+        "episodes": int(sums["episodes"]), "kept": n_kept, "kept_fraction": n_kept / sums["episodes"],
         # The KL to pi_ref, mean over all response tokens; logged only where it is computed
         # (--kl-beta > 0): at beta 0 the reference pass is skipped.
-        **({} if kl is None else {"kl": total["kl"] / max(total["tokens"], 1.0)}),
+        **({} if kl is None else {"kl": sums["kl"] / max(sums["tokens"], 1.0)}),
         **influence, **update,
     }
     if labels is not None:
@@ -78,7 +78,7 @@ def iteration_records(it, cfg: Config, buf, dtype: torch.dtype, dist=SINGLE) -> 
                                                         device=mask.device)).tolist()))
         n_correct = counts["faithful"] + counts["unfaithful"]
         # shares of all episodes, and the unfaithful share of the correct ones (None: none correct)
-        metrics |= {f"{name}_fraction": counts[name] / total["episodes"] for name in LABELS}
+        metrics |= {f"{name}_fraction": counts[name] / sums["episodes"] for name in LABELS}
         metrics["unfaithful_of_correct"] = counts["unfaithful"] / n_correct if n_correct else None
     if cfg.reward_noise > 0:
         metrics |= noise_metrics(dist.cat(torch.tensor(flipped, dtype=torch.float32, device=mask.device)).bool(),
@@ -147,14 +147,14 @@ def update_metrics(cfg: Config, buf, dist=SINGLE) -> dict:
             ratio = torch.exp(logprobs - part.old_logprobs)[part.response_mask.bool() & keep[micro, None]]
             ratio_sum, ratio_count = ratio_sum + ratio.sum().item(), ratio_count + ratio.numel()
             ratio_max = max(ratio_max, ratio.max().item() if ratio.numel() else 0.0)
-    total = dict(zip(sums, dist.sum(torch.tensor(list(sums.values()), dtype=torch.float64, device=device)).tolist()))
-    policy_visits, value_visits = total.pop("policy_visits"), total.pop("value_visits")
+    sums = dict(zip(sums, dist.sum(torch.tensor(list(sums.values()), dtype=torch.float64, device=device)).tolist()))
+    policy_visits, value_visits = sums.pop("policy_visits"), sums.pop("value_visits")
     as_tensor = lambda *xs: torch.tensor(xs, dtype=torch.float64, device=device)  # noqa: E731
     ratio_sum, ratio_count = dist.sum(as_tensor(ratio_sum, ratio_count)).tolist()
     ratio_max = dist.cat(as_tensor(ratio_max)).max().item()                              # over ranks
-    out = {k: v / max(policy_visits, 1.0) for k, v in total.items() if k != "value_loss"}
+    out = {k: v / max(policy_visits, 1.0) for k, v in sums.items() if k != "value_loss"}
     sft = update["sft_losses"]
-    return out | {"value_loss": total["value_loss"] / value_visits if value_visits else None,
+    return out | {"value_loss": sums["value_loss"] / value_visits if value_visits else None,
                   "optimizer_steps": update["steps"], "ratio_first_mean": ratio_sum / max(ratio_count, 1.0),
                   "ratio_first_max": ratio_max, "grad_norm_first": update["grad_norms"][0],
                   **({"sft_loss": sum(sft) / len(sft)} if sft else {})}
@@ -206,9 +206,9 @@ def sampler_drift(rollouts, dtype: torch.dtype, dist=SINGLE) -> dict:
     as it drew the token (rollout.sample); pi_old is the full forward that PPO's ratio uses."""
     mask = rollouts.response_mask
     gap = (rollouts.sampler_logprobs - rollouts.old_logprobs).abs() * mask                     # (N, T)
-    total, count = dist.sum(torch.stack([gap.sum().double(), mask.sum().double()])).tolist()
+    gap_sum, count = dist.sum(torch.stack([gap.sum().double(), mask.sum().double()])).tolist()
     largest = dist.cat(gap.max().reshape(1).double()).max().item()
-    return {"sampler_gap_max": largest, "sampler_gap_mean": total / max(count, 1.0),
+    return {"sampler_gap_max": largest, "sampler_gap_mean": gap_sum / max(count, 1.0),
             "sampler_tolerance": SAMPLER_TOLERANCE.get(dtype, 1.0)}
 
 

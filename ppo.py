@@ -102,10 +102,10 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, reduce_sum=No
 def batch_mean_var(x: torch.Tensor, mask: torch.Tensor, reduce_sum=None):
     """Mean and biased variance of x over all masked tokens of all episodes (scalars), each
     token weighted by its mask value (0 or 1, or a weight); `reduce_sum` as in whiten."""
-    total = reduce_sum or (lambda t: t)
-    n = total(mask.sum()).clamp(min=1e-12)
-    mean = total((x * mask).sum()) / n
-    return mean, total((mask * (x - mean) ** 2).sum()) / n
+    sum_all = reduce_sum or (lambda t: t)
+    n = sum_all(mask.sum()).clamp(min=1e-12)
+    mean = sum_all((x * mask).sum()) / n
+    return mean, sum_all((mask * (x - mean) ** 2).sum()) / n
 
 
 def policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float) -> torch.Tensor:

@@ -32,16 +32,16 @@ def sft_iteration(it: int, cfg, policy, tokenizer, optimizer, train_examples, ti
                             [e.solution for e in examples], device=policy.device)
         n_tokens = dist.sum(seqs.response_mask.sum())                                     # all ranks
         optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), dtype=torch.float64, device=n_tokens.device)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=n_tokens.device)
         for start in range(0, len(seqs), cfg.micro_batch_size):
             nll, _ = passes.sft_nll(policy, seqs.select(torch.arange(start, min(start + cfg.micro_batch_size, len(seqs)))))
             loss = nll.sum() / n_tokens
             require_finite(it, "update", sft_loss=loss)
             loss.backward()
-            total += loss.item()
+            loss_sum += loss.item()
         dist.sum_grads([p for p in policy.parameters() if p.requires_grad])
         clip_and_step(it, cfg, policy, optimizer)
-    return {"sft_loss": dist.sum(total).item(), "tokens": int(n_tokens)}, []
+    return {"sft_loss": dist.sum(loss_sum).item(), "tokens": int(n_tokens)}, []
 
 
 def sft_term(step: int, cfg, policy, sft_seqs, passes) -> float:

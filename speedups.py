@@ -22,7 +22,7 @@ The speed-ups, in the order a forward meets them:
                          (tests/test_logprobs.py)
   one-pass scores        onepass_scores: every s_i = g_i . g_val from one forward and backward,
                          no per-episode gradient formed (tests/test_influence.py); DTV's batch
-                         reference from the same pass (batch_reference_scores,
+                         reference from the same pass (onepass_batch_scores,
                          tests/test_confounds.py)
   theta_old reuse        theta_old_forwards: log pi_old and V_old from a forward at theta_old
                          that runs anyway, the scoring's or the update's first
@@ -238,7 +238,7 @@ def scoring_backward(policy, forwards: list[ScoringForward], old_logprobs: torch
     return torch.cat(scores)
 
 
-def batch_reference_scores(policy, forwards: list[ScoringForward], old_logprobs: torch.Tensor,
+def onepass_batch_scores(policy, forwards: list[ScoringForward], old_logprobs: torch.Tensor,
                            advantages: torch.Tensor, *, clip_eps: float, leave_one_out: bool,
                            reduce_sum=lambda x: x, n_total: int | None = None) -> torch.Tensor:
     """DTV's scores from the same forwards: s_i = g_i . r with r = (1/N) sum_j g_j, or with
@@ -249,15 +249,15 @@ def batch_reference_scores(policy, forwards: list[ScoringForward], old_logprobs:
     (dL_i/dB = s d_i^T u_i, dL_i/dA = s (d_i B)^T x_i; (n, out, r) and (n, r, in) at a time).
     Under torchrun `reduce_sum` sums S over ranks and `n_total` is N over all ranks.
     Returns (n,) fp32 in the forwards' order."""
-    total = None
+    grad_sum = None
     for f in forwards:
         g = _episode_loss_backward(policy, f, old_logprobs, advantages, clip_eps)
-        total = g if total is None else total + g
-    total = reduce_sum(total)
+        grad_sum = g if grad_sum is None else grad_sum + g
+    grad_sum = reduce_sum(grad_sum)
     n = sum(len(f.index) for f in forwards) if n_total is None else n_total
     scores = []
     for f in forwards:
-        dots = _contract(policy, f, total)
+        dots = _contract(policy, f, grad_sum)
         if leave_one_out:
             scores.append((dots.double() - _squared_norms(policy, f)) / max(n - 1, 1))
         else:
@@ -444,7 +444,7 @@ class Passes:
             for index in _chunks(torch.arange(len(rollouts)), self.cfg.micro_batch_size):
                 forwards.append(scoring_forward(policy, rollouts.select(index), self.cfg.temperature))
                 forwards[-1].index = index
-        return batch_reference_scores(policy, forwards, rollouts.old_logprobs, advantages, clip_eps=self.cfg.clip_eps,
+        return onepass_batch_scores(policy, forwards, rollouts.old_logprobs, advantages, clip_eps=self.cfg.clip_eps,
                                       **reference)
 
     def update_forwards(self, policy, rollouts, minibatch, step):

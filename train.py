@@ -36,12 +36,12 @@ from tqdm import tqdm
 
 import speedups
 from accuracy import run_eval
-from config import Config, check_against_data, check_against_model, check_against_world, parse_config
+from config import Config, check_against_data, check_against_model, check_against_ranks, parse_config
 from distributed import SINGLE, Single
 from distributed import setup as setup_distributed
 from draws import FILTER, MINIBATCHES, SAMPLING, batch_indices, derived_seed, planted_flips
 from influence import (binary_filter, dtv_filter, episode_gradients, filter_and_reweight, influence_scores,
-                       loop_reference_scores, random_filter, sft_nll, validation_gradient)
+                       loop_batch_scores, random_filter, sft_nll, validation_gradient)
 from logbook import Timer, evaluation_due, iteration_records, log_line, start_line
 from model import inspect_model, load_adapter, load_policy, load_reference_adapter
 from offline_models import model_source
@@ -155,7 +155,7 @@ def select_episodes(it, cfg: Config, policy, buf: Buffer, val_seqs, passes, dist
     rollouts, advantages, N = buf.rollouts, buf.advantages, len(buf.rollouts)
     if cfg.influence == "off":  # plain PPO: every episode, weight 1
         return torch.ones(N, dtype=torch.bool, device=advantages.device), torch.ones(N, device=advantages.device)
-    if cfg.reference == "validation":
+    if cfg.score_against == "validation":
         buf.scores, g_val = validation_scores(it, cfg, policy, rollouts, advantages, val_seqs, passes, dist)
         buf.g_val_norm = g_val.norm().item()
     else:
@@ -164,7 +164,7 @@ def select_episodes(it, cfg: Config, policy, buf: Buffer, val_seqs, passes, dist
     require_finite(it, "influence", scores=all_scores)
     if cfg.random_filter:
         keep, weights = random_filter(all_scores, torch.Generator().manual_seed(derived_seed(cfg.seed, it, FILTER)))
-    elif cfg.reference != "validation":
+    elif cfg.score_against != "validation":
         keep, weights = dtv_filter(all_scores)
     elif cfg.reweight:
         keep, weights = filter_and_reweight(all_scores)
@@ -184,10 +184,10 @@ def validation_scores(it, cfg: Config, policy, rollouts, advantages, val_seqs, p
 
 
 def batch_scores(cfg: Config, policy, rollouts, advantages, passes, dist: Single = SINGLE) -> torch.Tensor:
-    """DTV's validation-free scores (--reference batch | batch-loo) for this rank's episodes:
+    """DTV's validation-free scores (--score-against batch | batch-loo) for this rank's episodes:
     g_i . the mean gradient of all ranks' episodes (without episode i for batch-loo)."""
     n_total = int(dist.sum(torch.tensor(float(len(rollouts)), device=advantages.device)))
-    return passes.batch_scores(policy, rollouts, advantages, leave_one_out=cfg.reference == "batch-loo",
+    return passes.batch_scores(policy, rollouts, advantages, leave_one_out=cfg.score_against == "batch-loo",
                                reduce_sum=dist.sum, n_total=n_total)
 
 
@@ -282,7 +282,7 @@ class Definitions:
                                                   temperature=self.cfg.temperature, progress=self.cfg.progress), g_val)
 
     def batch_scores(self, policy, rollouts, advantages, **reference):
-        return loop_reference_scores(episode_gradients(policy, rollouts, advantages, clip_eps=self.cfg.clip_eps,
+        return loop_batch_scores(episode_gradients(policy, rollouts, advantages, clip_eps=self.cfg.clip_eps,
                                                        temperature=self.cfg.temperature, progress=self.cfg.progress),
                                      **reference)
 
@@ -320,7 +320,7 @@ def main(argv=None) -> Path:
     checkpoints."""
     dist = setup_distributed()
     cfg = parse_config(argv)
-    check_against_world(cfg, dist.world)
+    check_against_ranks(cfg, dist.ranks)
     if not dist.is_main:
         dist.barrier()  # rank 0 first: on first use it converts the offline model, once
     check_against_model(cfg, inspect_model(model_source(cfg.model), cfg.trust_remote_code, name=cfg.model))
@@ -332,7 +332,7 @@ def main(argv=None) -> Path:
     cfg.progress = cfg.progress and dist.is_main
     say("[config] " + " ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()), file=sys.stderr)
     if dist.active:
-        say(f"[torchrun] {dist.world} processes, backend {dist.backend}", file=sys.stderr)
+        say(f"[torchrun] {dist.ranks} processes, backend {dist.backend}", file=sys.stderr)
     say(f"[data] train {len(data.train)} + validation {len(data.val)} rows from {data.train_source}; "
         f"eval {len(data.eval)} rows from {data.eval_source}", file=sys.stderr)
     policy, tokenizer, optimizer = load_model(cfg, dist)

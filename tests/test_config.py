@@ -219,3 +219,15 @@ def test_eval_split_val_is_refused_under_i_ppo_and_dev_holds_out_rows_from_every
     from tasks import load_task
     by_where = {e.where: e.question for e in load_task("gsm8k", "train", "local").examples}
     assert not trained & {by_where[w] for w in rows["eval_rows"] + rows["val_rows"]}
+
+
+def test_a_config_json_from_before_the_renames_is_read_under_the_new_names(tmp_path):
+    """A run directory written before --reference became --score-against and --passes became
+    --speedups resumes with the same settings; one whose old setting has no exact new one is
+    refused naming both."""
+    from config import renamed_settings
+    old = {"reference": "batch-loo", "passes": "shared", "influence_method": "onepass", "lr": 1e-3}
+    assert renamed_settings(tmp_path, old) == {"score_against": "batch-loo", "speedups": "all", "lr": 1e-3}
+    assert renamed_settings(tmp_path, {"lr": 1e-3}) == {"lr": 1e-3}
+    with pytest.raises(SystemExit, match="--influence-method loop, which is now --speedups off"):
+        renamed_settings(tmp_path, {"influence_method": "loop"})

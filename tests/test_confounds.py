@@ -1,7 +1,7 @@
 """What PPO and I-PPO share, so that a comparison measures the filter and nothing else: the
 critic's episodes (--critic-episodes), what the value loss trains (--critic-grad), the number
 of optimizer steps, one temperature for g_i and g_val; and DTV's validation-free reference
-(--reference batch | batch-loo) against its per-episode oracle."""
+(--score-against batch | batch-loo) against its per-episode oracle."""
 import math
 from pathlib import Path
 
@@ -12,10 +12,10 @@ import influence
 import optim
 import train
 from config import Config, parse_config
-from influence import dtv_filter, episode_gradients, loop_reference_scores
+from influence import dtv_filter, episode_gradients, loop_batch_scores
 from model import lora_parameters
 from rollout import token_logprobs
-from speedups import batch_reference_scores, scoring_forward
+from speedups import onepass_batch_scores, scoring_forward
 from test_influence import TEMPERATURE, make_buffer
 
 
@@ -26,7 +26,7 @@ def buffer(tiny_dir):
 
 @pytest.mark.parametrize("loo", [False, True])
 @pytest.mark.parametrize("micro", [1, 4, 6])
-def test_batch_reference_scores_equal_the_per_episode_oracle(buffer, loo, micro):
+def test_onepass_batch_scores_equal_the_per_episode_oracle(buffer, loo, micro):
     policy, _, rollouts, advantages = buffer
     grads = episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE).double()  # (6, P)
     n = len(grads)
@@ -34,13 +34,13 @@ def test_batch_reference_scores_equal_the_per_episode_oracle(buffer, loo, micro)
         expected = torch.stack([grads[i] @ (grads.sum(0) - grads[i]) / (n - 1) for i in range(n)])
     else:
         expected = grads @ grads.mean(0)
-    loop = loop_reference_scores(grads.float(), leave_one_out=loo)
+    loop = loop_batch_scores(grads.float(), leave_one_out=loo)
     forwards = []
     for start in range(0, n, micro):
         index = torch.arange(start, min(start + micro, n))
         forwards.append(scoring_forward(policy, rollouts.select(index), TEMPERATURE))
         forwards[-1].index = index
-    onepass = batch_reference_scores(policy, forwards, rollouts.old_logprobs, advantages, clip_eps=0.2,
+    onepass = onepass_batch_scores(policy, forwards, rollouts.old_logprobs, advantages, clip_eps=0.2,
                                      leave_one_out=loo)
     scale = expected.abs().max().item()
     assert scale > 0
@@ -154,9 +154,9 @@ def test_g_val_is_taken_at_the_sampling_temperature(buffer, monkeypatch):
 
 
 @pytest.mark.parametrize("argv, named", [
-    (["--reference", "batch", "--no-reweight"], "--reweight"),
+    (["--score-against", "batch", "--no-reweight"], "--reweight"),
     (["--influence", "off", "--critic-episodes", "kept"], "--critic-episodes"),
-    (["--influence", "off", "--reference", "batch"], "--reference"),
+    (["--influence", "off", "--score-against", "batch"], "--score-against"),
     (["--advantage", "grpo", "--critic-grad", "adapters"], "--critic-grad"),
 ])
 def test_flags_that_would_do_nothing_are_refused(argv, named):
@@ -166,14 +166,14 @@ def test_flags_that_would_do_nothing_are_refused(argv, named):
 
 @pytest.mark.parametrize("reference", ["batch", "batch-loo"])
 def test_a_dtv_run_scores_the_same_by_loop_and_by_one_pass(tiny_dir, tmp_path, reference):
-    """train.py --reference: the per-episode loop and the one-pass scores (shared forwards)
+    """train.py --score-against: the per-episode loop and the one-pass scores (shared forwards)
     agree in the run's first iteration, the kept set is s >= 0 and every kept weight is 1."""
     import json
     from test_train import SMALL
     runs = {}
     for method, speedups in (("loop", "off"), ("onepass", "on")):
         run = train.main(["--model", tiny_dir, *SMALL, "--iterations", "1", "--eval-every", "0", "--lr", "1e-2",
-                          "--kl-beta", "0", "--reference", reference, "--speedups", speedups,
+                          "--kl-beta", "0", "--score-against", reference, "--speedups", speedups,
                           "--run-dir", str(tmp_path / method)])
         runs[method] = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
     loop, onepass = ([e["score"] for e in runs[m]] for m in ("loop", "onepass"))

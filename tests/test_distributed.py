@@ -108,8 +108,8 @@ def test_shares_cover_every_item_once():
     from distributed import Dist
 
     for n in range(0, 12):
-        for world in (1, 2, 3, 5):
-            spans = [Dist(rank=r, world=world).span(n) for r in range(world)]
+        for ranks in (1, 2, 3, 5):
+            spans = [Dist(rank=r, ranks=ranks).span(n) for r in range(ranks)]
             assert spans[0][0] == 0 and spans[-1][1] == n
             assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
             sizes = [b - a for a, b in spans]

@@ -91,7 +91,7 @@ METHODS = {   # slug: (label, train.py flags)
     "ippo-binary": ("I-PPO, binary filter", ["--influence", "on", "--no-reweight"]),
     "random-filter": ("random filter", ["--influence", "on", "--random-filter"]),
     "grpo": ("GRPO", ["--influence", "off", "--advantage", "grpo"]),
-    "dtv": ("DTV (batch reference)", ["--influence", "on", "--reference", "batch-loo"]),
+    "dtv": ("DTV (batch reference)", ["--influence", "on", "--score-against", "batch-loo"]),
 }
 LR_GRID = [5e-4, 1e-3, 2e-3]
 TUNE_SEED = 100

@@ -12,8 +12,8 @@ paper leaves open, one choice changed at a time:
     all-linear     LoRA also on gate, up and down (new adapters start at B = 0, as in any run)
     val-256        256 validation solutions for g_val
     temperature-1  buffers sampled, and scores and g_val taken, at temperature 1
-    batch          DTV's reference: the mean gradient of the buffer (--reference batch)
-    batch-loo      the same without the episode itself (--reference batch-loo)
+    batch          DTV's reference: the mean gradient of the buffer (--score-against batch)
+    batch-loo      the same without the episode itself (--score-against batch-loo)
 
 For each, the AUC of the scores (0.5: chance; 95% interval from 400 bootstrap draws of prompts)
 for: correct vs wrong episodes; among the correct, faithful vs unfaithful reasoning
@@ -75,8 +75,8 @@ VARIANTS = {
     "all-linear": {"lora_targets": "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"},
     "val-256": {"val_size": 256},
     "temperature-1": {"temperature": 1.0},
-    "batch": {"reference": "batch"},
-    "batch-loo": {"reference": "batch-loo"},
+    "batch": {"score_against": "batch"},
+    "batch-loo": {"score_against": "batch-loo"},
 }
 
 
@@ -237,7 +237,7 @@ def gsm8k_rows(args) -> list[str]:
     scores = {"validation": onepass_scores(policy, rollouts, advantages, g_val, clip_eps=0.2, temperature=1.0,
                                            batch_size=4)}
     # DTV's batch reference, s_i = g_i . (1/N) sum_j g_j, in two passes: first the mean gradient,
-    # then the one-pass contraction with it as the reference. batch_reference_scores gives the
+    # then the one-pass contraction with it as the reference. onepass_batch_scores gives the
     # same numbers in one pass but keeps every episode's scoring forward alive until the sum is
     # complete, which for 144 GSM8K episodes of the 270M is more than this 24 GiB machine holds.
     mean_g = mean_episode_gradient(policy, rollouts, advantages, clip_eps=0.2, temperature=1.0)
