@@ -43,10 +43,11 @@ def chat_dir(tmp_path_factory):
     return str(path)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def one_thread():
-    """One intra-op thread for the test: on a shared CPU a tiny model runs much faster without
-    OpenMP threads spinning for a core. Use it with pytest.mark.usefixtures("one_thread")."""
+    """One intra-op thread for a test module: on a shared CPU a tiny model runs much faster
+    without OpenMP threads spinning for a core. A module takes it with
+    pytestmark = pytest.mark.usefixtures("one_thread") (set up before its other fixtures)."""
     import torch
     before = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -5,7 +5,6 @@ import json
 import re
 
 import pytest
-import torch
 
 import train
 from tasks import generate_arith, load_task, make_prompt
@@ -152,14 +151,6 @@ def test_bad_knobs_are_refused_naming_the_flag(knobs, flag):
 def test_arith_is_not_on_the_hub():
     with pytest.raises(SystemExit, match="--data-source hub: task arith is generated"):
         load_task("arith", "train", "hub")
-
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_train_refuses_a_bad_knob_before_writing_anything(tiny_dir, tmp_path):

@@ -12,8 +12,10 @@ from accuracy import generate_responses
 from model import eos_token_ids, load_policy
 from ppo import kl_penalized_rewards
 from rollout import encode_pairs, encode_prompts, generate_rollouts, old_and_ref_logprobs, token_logprobs
-from test_train import SMALL, one_thread  # noqa: F401  (one_thread: the module's autouse fixture)
+from test_train import SMALL
 from transformers import GenerationConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py: one intra-op thread
 
 TEMPLATE_TOKENS = ("<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<pad>")
 QUESTION, SOLUTION = "Question: 2+2?\nAnswer:", "#### 4"

@@ -17,13 +17,7 @@ from model import load_policy
 from ppo import value_loss
 from rollout import generate_rollouts, old_and_ref_logprobs
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py: one intra-op thread
 
 
 def batch(scores, lengths, values=None, T=6):

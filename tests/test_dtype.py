@@ -15,7 +15,9 @@ from speedups import onepass_scores
 from model import LoRALinear, load_policy, lora_parameters, pick_device_and_dtype
 from rollout import encode_pairs
 from test_influence import TEMPERATURE, make_buffer
-from test_train import SMALL, metrics, one_thread  # noqa: F401  (one_thread: the module's autouse fixture)
+from test_train import SMALL, metrics
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py: one intra-op thread
 
 
 def test_dtype_flag_picks_the_base_weights_dtype_only(tiny_dir):

@@ -9,7 +9,9 @@ import evaluate
 import export
 import train
 from model import load_adapter, load_policy
-from test_train import SMALL, one_thread  # noqa: F401  (one_thread: the module's autouse fixture)
+from test_train import SMALL
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py: one intra-op thread
 
 peft = pytest.importorskip("peft", reason="peft is a test-only requirement (requirements.txt)")
 

@@ -28,22 +28,14 @@ import train
 from config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
+# One intra-op thread (conftest.py), here and in the children, so that they compute alike.
+pytestmark = pytest.mark.usefixtures("one_thread")
 # Two iterations with an evaluation before the first and after the last; one checkpoint kept,
 # so the second commit also deletes the first checkpoint.
 ARGS = ["--iterations", "2", "--prompts-per-iter", "2", "--samples-per-prompt", "2", "--max-new-tokens", "6",
         "--val-size", "2", "--val-batch-size", "2", "--eval-every", "2", "--eval-limit", "1",
         "--eval-max-new-tokens", "2", "--truncation-penalty", "1", "--minibatch-size", "2", "--micro-batch-size", "2",
         "--keep-checkpoints", "1", "--no-progress", "--data-source", "local"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread, here and in the children (so that they compute alike): on a shared
-    CPU the tiny model runs ~10x faster without OpenMP threads spinning for a core."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def records(run_dir, name="metrics.jsonl"):

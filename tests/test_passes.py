@@ -6,7 +6,9 @@ import pytest
 import rollout
 import speedups
 import train
-from test_train import SMALL, comparable, metrics, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from test_train import SMALL, comparable, metrics
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py: one intra-op thread
 
 SPEEDUPS = {"separate": "on", "shared": "all"}   # pi_old from its own pass, or from a forward that runs anyway
 

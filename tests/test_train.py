@@ -5,11 +5,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import rundir
 import train
 from config import Config
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py: one intra-op thread
 
 ROOT = Path(__file__).resolve().parent.parent
 # The tiny model almost never answers correctly; the truncation penalty gives rewards that
@@ -17,16 +18,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--prompts-per-iter", "2", "--samples-per-prompt", "3", "--max-new-tokens", "8", "--val-size", "4",
          "--eval-limit", "3", "--eval-max-new-tokens", "6", "--truncation-penalty", "1", "--minibatch-size", "4",
          "--micro-batch-size", "2", "--no-progress", "--data-source", "local"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared CPU the tiny model runs ~10x faster without OpenMP
-    threads spinning for a core."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def run(tiny_dir, run_dir, *extra):

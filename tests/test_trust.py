@@ -10,7 +10,8 @@ import pytest
 import evaluate
 import rundir
 import train
-from test_train import one_thread  # noqa: F401  (autouse: one intra-op thread here too)
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py: one intra-op thread
 
 SMALL = ["--prompts-per-iter", "2", "--samples-per-prompt", "2", "--max-new-tokens", "6", "--val-size", "2",
          "--val-batch-size", "2", "--eval-every", "0", "--truncation-penalty", "1", "--minibatch-size", "2",
