@@ -1,7 +1,7 @@
 """Accuracy of a policy on a benchmark: exact match (greedy), maj@k and pass@k (sampled).
 
 Metrics, each over the evaluated problems (the mean over problems is the reported value):
-    em       greedy decoding; a problem counts iff reward.is_correct(extracted answer, gold).
+    em       greedy decoding; a problem counts iff answers.is_correct(extracted answer, gold).
     maj@k    majority vote over the extracted answers of the FIRST k of the n sampled
              responses (`majority_vote`); the problem counts iff the voted answer is correct.
     pass@k   the unbiased estimator of Chen et al. 2021 (Codex paper, eq. 1) from all n
@@ -38,7 +38,7 @@ from tqdm import tqdm
 from transformers import GenerationConfig
 
 import reasoning
-import reward
+import answers
 import tasks
 from distributed import SINGLE
 from model import eos_token_ids
@@ -88,7 +88,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def majority_vote(answers: list[str | None]) -> str | None:
-    """The most frequent answer; answers are the normalised strings of reward.extract_answer,
+    """The most frequent answer; answers are the normalised strings of answers.extract_answer,
     compared by string equality (our choice: a vote needs an equivalence that is transitive,
     which is_correct's symbolic checks need not be). None (unparsed) never wins; all None
     gives None. Tie rule: among the answers with the top count, the one whose first
@@ -133,7 +133,7 @@ def score_predictions(predictions: list[dict], metrics: list[tuple[str, int | No
         elif name == "maj":
             for p in predictions:
                 vote = majority_vote([s["pred"] for s in p["samples"][:k]])
-                p[key] = {"vote": vote, "correct": reward.is_correct(vote, p["gold"], task)}
+                p[key] = {"vote": vote, "correct": answers.is_correct(vote, p["gold"], task)}
             n_correct = sum(p[key]["correct"] for p in predictions)
             value = n_correct / N if N else 0.0
             results[key] = {"value": value, "stderr": binomial_stderr(value, N), "n_correct": n_correct,
@@ -198,8 +198,8 @@ def evaluate(policy, tokenizer, examples, task: str, *, metrics="em", samples: i
         responses = generate_responses(policy, tokenizer, [tasks.make_prompt(e.question, task) for e in examples],
                                        greedy, batch_size=batch_size, progress=progress, desc="eval greedy")
         for p, (response, truncated) in zip(predictions, responses):
-            pred = reward.extract_answer(response, task)
-            p |= {"response": response, "pred": pred, "correct": reward.is_correct(pred, p["gold"], task),
+            pred = answers.extract_answer(response, task)
+            p |= {"response": response, "pred": pred, "correct": answers.is_correct(pred, p["gold"], task),
                   "truncated": truncated}
 
     if n_samples:
@@ -217,9 +217,9 @@ def evaluate(policy, tokenizer, examples, task: str, *, metrics="em", samples: i
         for i, p in enumerate(predictions):
             p["samples"] = []
             for response, truncated in responses[i * n_samples:(i + 1) * n_samples]:
-                pred = reward.extract_answer(response, task)
+                pred = answers.extract_answer(response, task)
                 p["samples"].append({"response": response, "pred": pred,
-                                     "correct": reward.is_correct(pred, p["gold"], task), "truncated": truncated})
+                                     "correct": answers.is_correct(pred, p["gold"], task), "truncated": truncated})
 
     results = score_predictions(predictions, metrics, task)
     out = {"n": len(predictions), "n_samples": n_samples, "metrics": results}

@@ -7,7 +7,8 @@ import pytest
 
 import tasks
 from tasks import load_task
-from reward import is_correct, reward_fn
+from answers import is_correct
+from reward import reward_fn
 
 ROWS = {"math500": 500, "college_math": 2818, "olympiadbench": 675}
 
