@@ -186,8 +186,7 @@ def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, 
     N, P = prompt_ids.shape
     generated, sampler_lp = [], []
     per_call = max(1, batch_size // n_samples)                               # prompts per sampling call
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         for s in tqdm(range(0, N, per_call * n_samples), desc="sampling", unit="batch", disable=not progress,
                       leave=False):
@@ -206,10 +205,9 @@ def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, 
         length = len(g) if truncated[i] else int(is_eos.long().argmax()) + 1
         response_ids[i, :length], response_mask[i, :length], sampler_logprobs[i, :len(lp)] = g[:length], 1.0, lp
         texts.append(tokenizer.decode(g[:length], skip_special_tokens=True))
-    rollouts = Rollouts(prompt_ids, prompt_mask, response_ids.to(device), response_mask.to(device),
-                        truncated=truncated, prompt_index=[i // n_samples for i in range(N)], responses=texts,
-                        sampler_logprobs=(sampler_logprobs.to(device) * response_mask.to(device)))
-    return rollouts
+    return Rollouts(prompt_ids, prompt_mask, response_ids.to(device), response_mask.to(device),
+                    truncated=truncated, prompt_index=[i // n_samples for i in range(N)], responses=texts,
+                    sampler_logprobs=(sampler_logprobs.to(device) * response_mask.to(device)))
 
 
 @torch.no_grad()
