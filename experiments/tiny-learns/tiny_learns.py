@@ -9,12 +9,15 @@ greedy answers (reasoning.py).
 
     python experiments/tiny-learns/tiny_learns.py                        # PPO, seeds 0-2, two runs at a time; resumable
     python experiments/tiny-learns/tiny_learns.py --methods ppo,ippo     # I-PPO beside it, same settings
-    python experiments/tiny-learns/tiny_learns.py --summary-only         # the table and curves again, running nothing
+    python experiments/tiny-learns/tiny_learns.py --summary-only --records experiments/tiny-learns/records.json \
+        --out experiments/tiny-learns                                    # the table and curves from the records alone
     python experiments/tiny-learns/tiny_learns.py --recipe configs/tiny-v1.toml --out runs/tiny-learns-v1
                                                                          # the first world's runs
 
 Writes into --out: start.json (the model's starting point on the test split: greedy em, pass@8
-and the unfaithful shares), <variant>-<method>-s<seed>/ (train.py run directories), summary.md
+and the unfaithful shares), <variant>-<method>-s<seed>/ (train.py run directories), records.json
+(the start and each run's evaluations, times and filter summary: everything the tables and the
+figure are drawn from, so that --summary-only --records redraws them without the runs), summary.md
 (the tables: per run the start, best, final em and em within BUDGET_MIN training minutes; means
 with intervals; for I-PPO what its filter kept) and learning.png (eval accuracy against
 iteration and against training minutes). A run that finished is kept (or extended, with a
@@ -252,10 +255,19 @@ def main(argv=None) -> None:
                         "run with fewer is extended from its last checkpoint")
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (the cores are split between them)")
     parser.add_argument("--summary-only", action="store_true", help="rebuild summary.md and learning.png from the "
-                        "run directories that exist, running nothing")
+                        "run directories that exist (or from --records), running nothing")
+    parser.add_argument("--records", help="with --summary-only: the records.json of an earlier run of this script")
     args = parser.parse_args(argv)
     out = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.records:
+        if not args.summary_only:
+            raise SystemExit("--records: only with --summary-only (it redraws, it runs nothing)")
+        rec = json.loads(Path(args.records).read_text())
+        runs = {(r["variant"], r["method"], r["seed"]): dict(r["run"], evals=[tuple(e) for e in r["run"]["evals"]])
+                for r in rec["runs"]}
+        summarize(out, rec["start"], rec["parallel"], runs, rec["model"])
+        return
     recipe = load_recipe(Path(args.recipe))
     flags = [str(Path(args.recipe).resolve()), "--no-progress", "--no-plots"]
     variants = dict(VARIANTS, old=[*VARIANTS["old"], "--value-lr", str(recipe["lr"])])
@@ -274,8 +286,14 @@ def main(argv=None) -> None:
                 keys.append(((variant, method, int(seed)), run_dir))
     if not args.summary_only:
         run_all(out, jobs, args.parallel, args.iterations)
-    summarize(out, start, args.parallel, {key: read_run(run_dir) for key, run_dir in keys if (run_dir / "metrics.jsonl").exists()},
-              recipe["model"])
+    runs = {key: read_run(run_dir) for key, run_dir in keys if (run_dir / "metrics.jsonl").exists()}
+    recipe_path = Path(args.recipe).resolve()
+    records = {"recipe": str(recipe_path.relative_to(ROOT) if recipe_path.is_relative_to(ROOT) else recipe_path),
+               "model": recipe["model"], "parallel": args.parallel,
+               "start": {k: start[k] for k in ("n", "metrics", "reasoning") if k in start},   # what the summary reads
+               "runs": [{"variant": v, "method": m, "seed": s, "run": r} for (v, m, s), r in sorted(runs.items())]}
+    (out / "records.json").write_text(json.dumps(records, indent=1) + "\n")
+    summarize(out, start, args.parallel, runs, recipe["model"])
 
 
 if __name__ == "__main__":
