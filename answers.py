@@ -60,6 +60,10 @@ class _CheckTimeout(BaseException):
     Exception` clauses inside math-verify and sympy do not swallow it."""
 
 
+class _Drained(BaseException):
+    """Sent by a watchdog's own thread to itself, and caught at once: see _run_with_watchdog."""
+
+
 def _run_with_alarm(fn, seconds: float):
     """Main thread: SIGALRM after `seconds`, then every 0.1 s in case sympy swallows one in a
     finaliser. A signal also stops CPython's long-integer arithmetic, which checks for signals."""
@@ -101,14 +105,23 @@ def _run_with_watchdog(fn, seconds: float):
     try:
         return fn()
     finally:
-        while True:  # retried: a _CheckTimeout sent just now may land inside this block
+        # The watchdog must send nothing more, and a _CheckTimeout it sent but that has not been
+        # raised yet must not land later. Clearing it with send(target, None) is not enough: in
+        # CPython 3.11 that leaves the thread's pending-exception flag set with nothing to raise,
+        # and code run afterwards under sys.setprofile or settrace (a profiler, a debugger,
+        # bench/reading_path.py) then loops for ever. So a _Drained replaces whatever is pending
+        # and is raised here, between two bytecodes of the loop below, which clears the flag.
+        while True:
             try:
                 with lock:
-                    done.set()          # the watchdog sends nothing more ...
-                    send(target, None)  # ... and one sent but not yet raised is dropped
-                break
-            except _CheckTimeout:
+                    done.set()
+                send(target, ctypes.py_object(_Drained))
+                while True:
+                    pass
+            except _CheckTimeout:   # one sent before done was set landed first: drain again
                 continue
+            except _Drained:
+                break
 
 
 def _run_with_time_limit(fn, seconds: float):

@@ -4,8 +4,12 @@ bad data: test_tasks.py.)"""
 
 import json
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +19,8 @@ from answers import MATH_VERIFY_TIMEOUT_S, extract_answer, is_correct
 from reward import MATH_TASKS, reward_fn
 from tasks import load_task, make_prompt
 from test_tasks import ROWS
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SLACK_S = 1.5   # scheduling slack on a shared 2-core machine, on top of MATH_VERIFY_TIMEOUT_S
 BOUND_S = MATH_VERIFY_TIMEOUT_S + SLACK_S
@@ -307,3 +313,25 @@ def test_a_running_outer_timer_is_left_alone():
 # ------------------------------------------------------------------ splits, hub and bad data
 
 
+
+
+def test_after_a_watchdog_check_code_runs_under_a_profiler():
+    """A check bounded by the watchdog (here in the main thread, beside someone else's timer)
+    leaves no pending-exception flag behind: code under sys.setprofile still runs (in CPython
+    3.11 clearing the exception with PyThreadState_SetAsyncExc(id, NULL) left it set, and such
+    code looped for ever). In a subprocess, so that the bug shows as a timeout, not a hung suite."""
+    script = textwrap.dedent(r'''
+        import signal, sys
+        import answers
+        signal.setitimer(signal.ITIMER_REAL, 60.0)
+        assert answers.is_correct("0.5", r"\frac{1}{2}", "math500")
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        sys.setprofile(lambda *args: None)
+        def f():
+            return sum(i for i in range(10))
+        assert f() == 45
+        sys.setprofile(None)
+        print("ran")
+    ''')
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ran", proc.stderr[-2000:]

@@ -9,8 +9,8 @@ greedy answers (reasoning.py).
 
     python experiments/tiny-learns/tiny_learns.py                        # PPO, seeds 0-2, two runs at a time; resumable
     python experiments/tiny-learns/tiny_learns.py --methods ppo,ippo     # I-PPO beside it, same settings
-    python experiments/tiny-learns/tiny_learns.py --summary-only --records experiments/tiny-learns/records.json \
-        --out experiments/tiny-learns                                    # the table and curves from the records alone
+    python experiments/tiny-learns/tiny_learns.py --summary-only --records RUN_OUT/records.json --out DIR
+                                                                         # the table and curves from the records alone
     python experiments/tiny-learns/tiny_learns.py --recipe configs/tiny-v1.toml --out runs/tiny-learns-v1
                                                                          # the first world's runs
 
