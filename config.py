@@ -131,6 +131,8 @@ class Config:
     # influence
     val_size: int = flag(32, "validation set for g_val: the last K rows of the training split (never trained on)")
     val_batch_size: int = flag(8, "validation examples per forward/backward for g_val")
+    val_subset: int = flag(0, "not exact, cheaper: g_val over a fresh random K of the --val-size solutions each "
+                           "iteration, an unbiased estimate of the whole set's (0: all of them, the method as defined)")
     stop_below_kept: float = flag(0.0, "optional stop rule: end the run once the kept fraction falls below this (0 = off)")
     # SFT
     sft_batch_size: int = flag(8, "--algo sft, and the SFT term of --sft-coef: worked solutions per optimizer step")
@@ -191,6 +193,7 @@ class Config:
         need(re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device), "device", "must be auto, cpu, cuda, cuda:N or mps")
         need(not self.device.startswith("cuda") or torch.cuda.is_available(), "device", "no CUDA GPU is visible to torch")
         need(self.device != "mps" or torch.backends.mps.is_available(), "device", "Apple MPS is not available")
+        need(0 <= self.val_subset <= self.val_size, "val_subset", f"must be in [0, --val-size {self.val_size}]")
         need(not (self.influence == "off" and self.random_filter), "random_filter",
              "needs --influence on (it drops as many episodes as the scores would)")
         need(not (self.influence == "off" and not self.reweight), "reweight",
@@ -223,6 +226,9 @@ def check_against_model(cfg: Config, model: ModelInfo) -> None:
 
 def check_against_ranks(cfg: Config, ranks: int) -> None:
     """Under torchrun every rank needs at least one prompt, validation row and SFT example."""
+    if cfg.val_subset and ranks > 1:
+        raise SystemExit("--val-subset: not implemented under torchrun (the subset is drawn over the whole "
+                         "validation set, which the processes split); run it in one process")
     if cfg.sft_coef > 0 and ranks > 1:
         raise SystemExit("--sft-coef: not implemented under torchrun (its batch of validation solutions is drawn "
                          "in one process); run it in one process")
@@ -292,7 +298,9 @@ def refuse_inert_flags(cfg: Config, given: set[str]) -> None:
                                "critic_episodes", "critic_grad")]
     if cfg.influence == "off":
         inert += [(name, "--influence off", "nothing is scored")
-                  for name in ("stop_below_kept", "score_against", "critic_episodes")]
+                  for name in ("stop_below_kept", "score_against", "critic_episodes", "val_subset")]
+    elif cfg.score_against != "validation":
+        inert += [("val_subset", f"--score-against {cfg.score_against}", "DTV's scores use no validation gradient")]
     if cfg.random_filter:
         inert += [("reweight", "--random-filter", "the random control keeps its episodes at weight 1")]
     elif cfg.score_against != "validation":

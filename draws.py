@@ -5,13 +5,14 @@ Public:
     derived_seed(seed, iteration, purpose, rank)  the seed of one draw; the purposes below
     batch_indices(n, iteration, batch, seed)      the training rows of an iteration
     planted_flips(cfg, it, n, rank)               --reward-noise: which episodes' rewards flip
+    validation_rows(seed, it, k, n)               --val-subset: which k of the n validation solutions
 """
 
 from __future__ import annotations
 
 import torch
 
-SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE, SFT_ROWS = 1, 2, 3, 4, 5, 6   # the purposes of derived_seed's draws
+SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE, SFT_ROWS, VAL_ROWS = 1, 2, 3, 4, 5, 6, 7  # the purposes of derived_seed's draws
 
 
 def derived_seed(seed: int, iteration: int, purpose: int, rank: int = 0) -> int:
@@ -36,3 +37,10 @@ def planted_flips(cfg, it: int, n: int, rank: int = 0) -> list[bool]:
     same episodes)."""
     noise = torch.Generator().manual_seed(derived_seed(cfg.seed, it, NOISE, rank))
     return (torch.rand(n, generator=noise) < cfg.reward_noise).tolist()
+
+
+def validation_rows(seed: int, it: int, k: int, n: int) -> torch.Tensor:
+    """--val-subset k: the k validation solutions (of n) that iteration `it`'s g_val uses, sorted,
+    a fresh draw each iteration."""
+    draw = torch.Generator().manual_seed(derived_seed(seed, it, VAL_ROWS))
+    return torch.randperm(n, generator=draw)[:k].sort().values

@@ -39,7 +39,7 @@ from accuracy import run_eval
 from config import Config, check_against_data, check_against_model, check_against_ranks, parse_config
 from distributed import SINGLE, Single
 from distributed import setup as setup_distributed
-from draws import FILTER, MINIBATCHES, SAMPLING, batch_indices, derived_seed, planted_flips
+from draws import FILTER, MINIBATCHES, SAMPLING, batch_indices, derived_seed, planted_flips, validation_rows
 from influence import (binary_filter, dtv_filter, episode_gradients, filter_and_reweight, influence_scores,
                        loop_batch_scores, random_filter, sft_nll, validation_gradient)
 from logbook import Timer, evaluation_due, iteration_records, log_line, start_line
@@ -177,6 +177,8 @@ def select_episodes(it, cfg: Config, policy, buf: Buffer, val_seqs, passes, dist
 def validation_scores(it, cfg: Config, policy, rollouts, advantages, val_seqs, passes, dist: Single = SINGLE):
     """I-PPO's s_i = g_i . g_val for this rank's episodes, and g_val. Both gradients are taken
     at the sampling temperature (our choice, influence.py's docstring says why)."""
+    if cfg.val_subset:   # not exact, cheaper: g_val over a fresh random K of the solutions (one process only)
+        val_seqs = val_seqs.select(validation_rows(cfg.seed, it, cfg.val_subset, cfg.val_size))
     # g_val over the whole validation set: each rank's share divided by the token count of all shares, summed.
     g_val = dist.sum(passes.validation_gradient(policy, val_seqs, n_tokens=dist.sum(val_seqs.response_mask.sum())))
     require_finite(it, "influence", g_val=g_val)                                          # (P,)

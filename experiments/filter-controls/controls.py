@@ -98,6 +98,9 @@ def test_jobs(out: Path, picks: dict[str, str]) -> list[dict]:
                         [*SHARED, "--influence", "on", "--rewhiten-kept", *TEST]))
         jobs.append(job(out / "test" / f"ippo-noclip-seed{s}", "ippo-noclip", s, "test",
                         [*SHARED, "--influence", "on", "--max-grad-norm", "0", *TEST]))
+    for s in TEST_SEEDS:   # the cheaper, inexact g_val (README: "A cheaper g_val")
+        jobs.append(job(out / "test" / f"ippo-subset-seed{s}", "ippo-subset", s, "test",
+                        [*SHARED, "--influence", "on", "--val-subset", "64", *TEST]))
     if "sft-val" in picks:
         for s in TEST_SEEDS:
             sft = job(out / "test" / f"sft-val-seed{s}", "sft-val", s, "test",
@@ -205,7 +208,7 @@ def record(job: dict, path: Path = RECORDS) -> None:
 ARMS = {"ppo": "PPO", "ippo": "I-PPO", "sft-val": "SFT on the validation solutions",
         "ppo-sft": "PPO + SFT term on them", "sft-then-ppo": "SFT on them, then PPO",
         "ippo-rewhiten": "I-PPO, advantages re-whitened over the kept set", "ippo-noclip": "I-PPO, no gradient clip",
-        "ippo-lr": "I-PPO, learning rate tuned at 256"}
+        "ippo-lr": "I-PPO, learning rate tuned at 256", "ippo-subset": "I-PPO, g_val over a random 64 of the 256"}
 JUDGED = {"final": "final greedy em", "final_faithful": "final faithful accuracy"}
 
 
