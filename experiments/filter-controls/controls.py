@@ -98,7 +98,9 @@ def test_jobs(out: Path, picks: dict[str, str]) -> list[dict]:
                         [*SHARED, "--influence", "on", "--rewhiten-kept", *TEST]))
         jobs.append(job(out / "test" / f"ippo-noclip-seed{s}", "ippo-noclip", s, "test",
                         [*SHARED, "--influence", "on", "--max-grad-norm", "0", *TEST]))
-    for s in TEST_SEEDS:   # the cheaper, inexact g_val (README: "A cheaper g_val")
+    for s in TEST_SEEDS:   # the cheaper, inexact g_val and I-PPO at its code version (README: "A cheaper g_val")
+        jobs.append(job(out / "test" / f"ippo-rerun-seed{s}", "ippo-rerun", s, "test",
+                        [*SHARED, "--influence", "on", *TEST]))
         jobs.append(job(out / "test" / f"ippo-subset-seed{s}", "ippo-subset", s, "test",
                         [*SHARED, "--influence", "on", "--val-subset", "64", *TEST]))
     if "sft-val" in picks:
@@ -208,7 +210,10 @@ def record(job: dict, path: Path = RECORDS) -> None:
 ARMS = {"ppo": "PPO", "ippo": "I-PPO", "sft-val": "SFT on the validation solutions",
         "ppo-sft": "PPO + SFT term on them", "sft-then-ppo": "SFT on them, then PPO",
         "ippo-rewhiten": "I-PPO, advantages re-whitened over the kept set", "ippo-noclip": "I-PPO, no gradient clip",
-        "ippo-lr": "I-PPO, learning rate tuned at 256", "ippo-subset": "I-PPO, g_val over a random 64 of the 256"}
+        "ippo-lr": "I-PPO, learning rate tuned at 256", "ippo-rerun": "I-PPO, rerun at the subset arm's code",
+        "ippo-subset": "I-PPO, g_val over a random 64 of the 256"}
+# Judged against an arm other than I-PPO (aaf3c1f): {arm: the arm it is paired with}.
+PAIRED_WITH = {"ippo-rerun": None, "ippo-subset": "ippo-rerun"}
 JUDGED = {"final": "final greedy em", "final_faithful": "final faithful accuracy"}
 
 
@@ -246,12 +251,15 @@ def report(records: list[dict]) -> str:
                                        "grad_norm_first10", "seconds_per_iteration")) + " |")
     lines += ["", "I-PPO minus each control, paired by seed (mean ± 95% t half-width, in points):", "",
               "| control | seeds | " + " | ".join(JUDGED.values()) + " |", "|---|---|" + "---|" * len(JUDGED)]
-    ippo = {r["seed"]: r for r in test if r["arm"] == "ippo"}
     for arm, words in ARMS.items():
+        against = PAIRED_WITH.get(arm, "ippo")
+        ippo = {r["seed"]: r for r in test if r["arm"] == against}
         runs = {r["seed"]: r for r in test if r["arm"] == arm}
         seeds = sorted(set(runs) & set(ippo))
-        if arm == "ippo" or not seeds:
+        if arm == "ippo" or against is None or not seeds:
             continue
+        if against != "ippo":
+            words = f"{words} (against {ARMS[against]})"
         cells = []
         for key in JUDGED:
             diffs = [100 * (ippo[s][key] - runs[s][key]) for s in seeds]
