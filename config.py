@@ -61,6 +61,13 @@ class Config:
                          "every episode: memory grows with prompts x samples, not --micro-batch-size)",
                          choices=("off", "on", "all"))
     random_filter: bool = flag(False, "control: drop as many episodes as influence would, chosen at random")
+    selection: str = flag("none", "a rollout-selection rule in place of the influence filter (selection.py; needs "
+                          "--influence off): none (every episode), dapo (DAPO's dynamic sampling: keep the prompts whose "
+                          "answers' rewards differ, sample more prompts to refill), pods (PODS: sample --pods-samples "
+                          "answers a prompt, keep the --samples-per-prompt of largest reward variance)",
+                          choices=("none", "dapo", "pods"))
+    dapo_rounds: int = flag(3, "--selection dapo: at most this many further batches of prompts an iteration")
+    pods_samples: int = flag(8, "--selection pods: answers sampled per prompt (n), of which --samples-per-prompt are kept")
     score_against: str = flag("validation", "what each episode's gradient g_i is dotted with: validation (I-PPO: g_val, "
                               "the SFT gradient of the validation set); batch (DTV, arXiv 2609.35072: the mean g_j "
                               "of the buffer's episodes); batch-loo (the same mean without episode i). batch and "
@@ -193,6 +200,12 @@ class Config:
         need(re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device), "device", "must be auto, cpu, cuda, cuda:N or mps")
         need(not self.device.startswith("cuda") or torch.cuda.is_available(), "device", "no CUDA GPU is visible to torch")
         need(self.device != "mps" or torch.backends.mps.is_available(), "device", "Apple MPS is not available")
+        need(not (self.selection != "none" and self.influence == "on"), "selection",
+             f"{self.selection} replaces the influence filter: give --influence off too")
+        need(not (self.selection != "none" and self.algo != "ppo"), "selection", "selects PPO's rollouts: needs --algo ppo")
+        need(self.dapo_rounds >= 0, "dapo_rounds", "must be >= 0")
+        need(not (self.selection == "pods" and self.pods_samples <= self.samples_per_prompt), "pods_samples",
+             f"must be more than --samples-per-prompt {self.samples_per_prompt} (PODS keeps that many of them)")
         need(0 <= self.val_subset <= self.val_size, "val_subset", f"must be in [0, --val-size {self.val_size}]")
         need(not (self.influence == "off" and self.random_filter), "random_filter",
              "needs --influence on (it drops as many episodes as the scores would)")
@@ -226,6 +239,9 @@ def check_against_model(cfg: Config, model: ModelInfo) -> None:
 
 def check_against_ranks(cfg: Config, ranks: int) -> None:
     """Under torchrun every rank needs at least one prompt, validation row and SFT example."""
+    if cfg.selection != "none" and ranks > 1:
+        raise SystemExit(f"--selection {cfg.selection}: not implemented under torchrun (a rule sees one process's "
+                         "groups); run it in one process")
     if cfg.val_subset and ranks > 1:
         raise SystemExit("--val-subset: not implemented under torchrun (the subset is drawn over the whole "
                          "validation set, which the processes split); run it in one process")
@@ -305,6 +321,10 @@ def refuse_inert_flags(cfg: Config, given: set[str]) -> None:
         inert += [("reweight", "--random-filter", "the random control keeps its episodes at weight 1")]
     elif cfg.score_against != "validation":
         inert += [("reweight", f"--score-against {cfg.score_against}", "batch and batch-loo filter only, as DTV does")]
+    if cfg.selection != "dapo":
+        inert += [("dapo_rounds", f"--selection {cfg.selection}", "only DAPO samples further prompts")]
+    if cfg.selection != "pods":
+        inert += [("pods_samples", f"--selection {cfg.selection}", "only PODS down-samples")]
     if cfg.algo != "sft":
         inert += [("sft_data", "--algo ppo", "it picks --algo sft's data; --sft-coef always uses the validation "
                    "solutions")]

@@ -4,6 +4,7 @@ what the uninterrupted run would have, and torchrun's ranks draw their own share
 Public:
     derived_seed(seed, iteration, purpose, rank)  the seed of one draw; the purposes below
     batch_indices(n, iteration, batch, seed)      the training rows of an iteration
+    iteration_prompts(examples, it, k, cfg)       round k's prompts (k > 0: a selection rule's further ones)
     planted_flips(cfg, it, n, rank)               --reward-noise: which episodes' rewards flip
     validation_rows(seed, it, k, n)               --val-subset: which k of the n validation solutions
 """
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE, SFT_ROWS, VAL_ROWS = 1, 2, 3, 4, 5, 6, 7  # the purposes of derived_seed's draws
+SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE, SFT_ROWS, VAL_ROWS, REFILL = 1, 2, 3, 4, 5, 6, 7, 8
+ROUND = 10   # round k > 0 of a selection rule's sampling draws with purpose + ROUND * k  # the purposes of derived_seed's draws
 
 
 def derived_seed(seed: int, iteration: int, purpose: int, rank: int = 0) -> int:
@@ -31,11 +33,19 @@ def batch_indices(n_examples: int, iteration: int, batch: int, seed: int, purpos
     return out
 
 
-def planted_flips(cfg, it: int, n: int, rank: int = 0) -> list[bool]:
+def iteration_prompts(examples: list, it: int, k: int, cfg) -> list:
+    """The training prompts of round k of iteration `it`: k = 0 the iteration's own batch; k >= 1
+    a selection rule's further batches (selection.py), from a stream of their own, --dapo-rounds
+    batches an iteration, so that they take no later iteration's prompts."""
+    position, purpose = (it, SHUFFLE) if k == 0 else (it * cfg.dapo_rounds + k - 1, REFILL)
+    return [examples[i] for i in batch_indices(len(examples), position, cfg.prompts_per_iter, cfg.seed, purpose)]
+
+
+def planted_flips(cfg, it: int, n: int, rank: int = 0, k: int = 0) -> list[bool]:
     """--reward-noise p: which of the iteration's n episodes have their correctness flipped,
     each independently with probability p, from a draw of its own (a resumed run flips the
-    same episodes)."""
-    noise = torch.Generator().manual_seed(derived_seed(cfg.seed, it, NOISE, rank))
+    same episodes; k: the sampling round, selection.py)."""
+    noise = torch.Generator().manual_seed(derived_seed(cfg.seed, it, NOISE + ROUND * k, rank))
     return (torch.rand(n, generator=noise) < cfg.reward_noise).tolist()
 
 

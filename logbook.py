@@ -59,15 +59,17 @@ def iteration_records(it, cfg: Config, buf, dtype: torch.dtype, dist=SINGLE) -> 
         if dist.is_main:
             print(f"[it {it + 1}] warning: {what}", file=sys.stderr)
     # Sums and counts over all ranks first, then the means.
-    sums = dict(zip(("reward", "correct", "unparsed", "truncated", "tokens", "episodes", "kl"), dist.sum(torch.tensor(
+    sums = dict(zip(("reward", "correct", "unparsed", "truncated", "tokens", "episodes", "kl", "generated"), dist.sum(torch.tensor(
         [rewards.sum().item(), sum(correct), sum(a is None for a in answers), rollouts.truncated.sum().item(),
-         mask.sum().item(), len(rollouts), 0.0 if kl is None else kl.sum().item()],
+         mask.sum().item(), len(rollouts), 0.0 if kl is None else kl.sum().item(), buf.generated_tokens],
         dtype=torch.float64, device=mask.device)).tolist()))
     per_episode = {k: sums[k] / sums["episodes"] for k in ("reward", "correct", "unparsed", "truncated", "tokens")}
     metrics = {
         "reward": per_episode["reward"], "accuracy": per_episode["correct"], "unparsed": per_episode["unparsed"],
         "truncated": per_episode["truncated"], "response_tokens": per_episode["tokens"],
         "episodes": int(sums["episodes"]), "kept": n_kept, "kept_fraction": n_kept / sums["episodes"],
+        # every response token sampled, those of episodes a --selection rule dropped included: the token budget's count
+        "generated_tokens": int(sums["generated"]),
         # The KL to pi_ref, mean over all response tokens; logged only where it is computed
         # (--kl-beta > 0): at beta 0 the reference pass is skipped.
         **({} if kl is None else {"kl": sums["kl"] / max(sums["tokens"], 1.0)}),

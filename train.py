@@ -13,7 +13,8 @@ Post-Training", arXiv 2604.01597. One iteration (the algorithm box, `ppo_iterati
     update      PPO epochs on the kept episodes D', per minibatch M of D':
                 (1/|M|) sum_{i in M} [w_i L_clip_i + c_v L_V_i - c_e H_i]        ppo.py
 
-`--influence off` is plain PPO; `--algo sft` trains on reference solutions (sft.py). Each pass
+`--influence off` is plain PPO; `--algo sft` trains on reference solutions (sft.py); `--selection`
+picks another rule for which rollouts the update learns from (selection.py). Each pass
 is computed as the box defines it (Definitions below) or, by default, with the exact speed-ups
 of speedups.py. The settings are in config.py, the run directory (crash-safe commits, resume)
 in rundir.py, the records of an iteration in logbook.py; a NaN/inf stops the run naming the
@@ -39,7 +40,8 @@ from accuracy import run_eval
 from config import Config, check_against_data, check_against_model, check_against_ranks, parse_config
 from distributed import SINGLE, Single
 from distributed import setup as setup_distributed
-from draws import FILTER, MINIBATCHES, SAMPLING, batch_indices, derived_seed, planted_flips, validation_rows
+from draws import (FILTER, MINIBATCHES, ROUND, SAMPLING, derived_seed, iteration_prompts, planted_flips,
+                   validation_rows)
 from influence import (binary_filter, dtv_filter, episode_gradients, filter_and_reweight, influence_scores,
                        loop_batch_scores, random_filter, sft_nll, validation_gradient)
 from logbook import Timer, evaluation_due, iteration_records, log_line, start_line
@@ -50,6 +52,7 @@ from ppo import gae, group_advantages, kl_penalized_rewards, masked_mean, policy
 from report import write_plots, write_report
 from reward import reward_fn
 from rollout import Rollouts, encode_pairs, generate_rollouts, old_and_ref_logprobs, token_logprobs
+from selection import RULES
 from rundir import (append_jsonl, commit_iteration, last_good_checkpoint_on_fault, open_run, restore_run,
                     unlock_run_dir, write_atomic)
 from sft import sft_iteration, sft_term
@@ -67,28 +70,13 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
                   dist: Single = SINGLE) -> Buffer:
     """One I-PPO iteration, the algorithm box of the paper, on this rank's share of the prompts.
     Returns its Buffer, from which logbook.iteration_records makes the run's records."""
-    examples = [train_examples[i] for i in batch_indices(len(train_examples), it, cfg.prompts_per_iter, cfg.seed)]
-    examples = examples[slice(*dist.span(len(examples)))]  # this rank's prompts (all of them in one process)
     passes = passes_for(it, cfg, dist)   # how each pass below computes (the definitions, or --speedups)
-
-    with timer("rollout"):   # the samples
-        rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples],
-                                     n_samples=cfg.samples_per_prompt, max_new_tokens=cfg.max_new_tokens,
-                                     temperature=cfg.temperature, seed=derived_seed(cfg.seed, it, SAMPLING, dist.rank),
-                                     batch_size=cfg.gen_batch_size, progress=cfg.progress)
-    passes.old_policy(policy, rollouts, timer)   # log pi_old, V_old (and log pi_ref at beta > 0)
-    require_finite(it, "rollout", old_logprobs=rollouts.old_logprobs, values=rollouts.values,
-                   ref_logprobs=rollouts.ref_logprobs)
-    buf = Buffer(examples, rollouts)   # the iteration's data; each phase below adds its part
-
-    with timer("reward"):
-        buf.flipped = planted_flips(cfg, it, len(rollouts), dist.rank)                   # (N,) bools
-        golds = [examples[j].gold for j in rollouts.prompt_index]
-        buf.rewards = torch.tensor([reward_fn(text, gold, cfg.dataset, bool(trunc), cfg.truncation_penalty, flip)
-                                    for text, gold, trunc, flip in zip(rollouts.responses, golds, rollouts.truncated,
-                                                                       buf.flipped)],
-                                   device=rollouts.response_mask.device)                 # (N,)
-        require_finite(it, "reward", rewards=buf.rewards)
+    # The samples and their rewards, in the Buffer that each phase below adds its part to; which
+    # prompts are sampled and which episodes go on is the --selection rule's (selection.py).
+    buf = RULES[cfg.selection](cfg, lambda k, n: sample(it, k, n, cfg, policy, tokenizer, train_examples, timer, dist))
+    passes.old_policy(policy, buf.rollouts, timer)   # log pi_old, V_old (and log pi_ref at beta > 0)
+    require_finite(it, "rollout", old_logprobs=buf.rollouts.old_logprobs, values=buf.rollouts.values,
+                   ref_logprobs=buf.rollouts.ref_logprobs)
 
     with timer("advantages"):
         buf.advantages, buf.returns, buf.kl, buf.raw_advantages = compute_advantages(cfg, buf, dist)  # (N, T) each
@@ -97,13 +85,31 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
         buf.keep, buf.weights = select_episodes(it, cfg, policy, buf, val_seqs, passes, dist)
         buf.n_kept = int(dist.sum(buf.keep.sum()))                                       # |D'| over all ranks
         if cfg.rewhiten_kept and buf.n_kept > 0:   # the kept set's w-weighted mean advantage back to 0
-            buf.advantages = whiten(buf.advantages, rollouts.response_mask, reduce_sum=dist.sum,
+            buf.advantages = whiten(buf.advantages, buf.rollouts.response_mask, reduce_sum=dist.sum,
                                     std_floor=cfg.adv_std_floor, weights=buf.weights * buf.keep)
 
     with timer("update"):
         if buf.n_kept > 0:
             buf.update = ppo_update(it, cfg, policy, optimizer, buf, passes, dist, sft_seqs=val_seqs)
     return buf
+
+
+def sample(it: int, k: int, n: int, cfg: Config, policy, tokenizer, train_examples, timer, dist: Single = SINGLE) -> Buffer:
+    """n responses to each of round k's training prompts of iteration `it` (draws.iteration_prompts: k = 0 the
+    iteration's own; k > 0 a selection rule's further ones), sampled at --temperature, with their rewards R_i
+    (after any planted flip)."""
+    examples = iteration_prompts(train_examples, it, k, cfg)[slice(*dist.span(cfg.prompts_per_iter))]  # this rank's share
+    with timer("rollout"):
+        rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples], n_samples=n,
+                                     max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, batch_size=cfg.gen_batch_size,
+                                     seed=derived_seed(cfg.seed, it, SAMPLING + ROUND * k, dist.rank), progress=cfg.progress)
+    with timer("reward"):
+        flipped = planted_flips(cfg, it, len(rollouts), dist.rank, k)                    # (N,) bools
+        rewards = torch.tensor([reward_fn(text, examples[j].gold, cfg.dataset, bool(trunc), cfg.truncation_penalty, flip)
+                                for text, j, trunc, flip in zip(rollouts.responses, rollouts.prompt_index, rollouts.truncated,
+                                                                flipped)], device=rollouts.response_mask.device)  # (N,)
+        require_finite(it, "reward", rewards=rewards)
+    return Buffer(examples, rollouts, flipped, rewards, generated_tokens=int(rollouts.response_mask.sum()))
 
 
 @dataclasses.dataclass
@@ -114,6 +120,7 @@ class Buffer:
     rollouts: Rollouts                          # tokens, masks, log pi_old, V_old, log pi_ref, sampler log-probs
     flipped: list | None = None                 # (N,) bool: reward flipped by --reward-noise
     rewards: torch.Tensor | None = None         # (N,) the task reward R_i (exact match, after any flip)
+    generated_tokens: int = 0                   # response tokens sampled, the rule's dropped episodes included
     raw_advantages: torch.Tensor | None = None  # (N, T) A_t from GAE (or GRPO), before whitening
     advantages: torch.Tensor | None = None      # (N, T) A_t as the update uses them
     returns: torch.Tensor | None = None         # (N, T) R_t, the value targets (zeros under GRPO)
@@ -139,8 +146,8 @@ def compute_advantages(cfg: Config, buf: Buffer, dist: Single = SINGLE):
     if cfg.advantage == "grpo":
         # Our choice: the KL penalty enters GRPO as the episode's summed per-token reward (the
         # same total as PPO's), before the group normalisation.
-        group_adv = group_advantages(token_rewards.sum(-1), torch.as_tensor(rollouts.prompt_index, device=mask.device))
-        advantages = group_adv[:, None] * mask                                                 # (N, T)
+        prompts = torch.as_tensor(rollouts.prompt_index, device=mask.device)
+        advantages = group_advantages(token_rewards.sum(-1), prompts)[:, None] * mask                      # (N, T)
         return advantages, torch.zeros_like(mask), kl, advantages
     advantages, returns = gae(token_rewards, rollouts.values, mask, cfg.gamma, cfg.lam)
     whitened = whiten(advantages, mask, reduce_sum=dist.sum, std_floor=cfg.adv_std_floor)
@@ -153,7 +160,7 @@ def select_episodes(it, cfg: Config, policy, buf: Buffer, val_seqs, passes, dist
     episodes; the filter and the weight normalisation (mean score over the kept episodes) see
     all ranks' scores."""
     rollouts, advantages, N = buf.rollouts, buf.advantages, len(buf.rollouts)
-    if cfg.influence == "off":  # plain PPO: every episode, weight 1
+    if cfg.influence == "off":  # plain PPO (or a --selection rule's episodes): every episode, weight 1
         return torch.ones(N, dtype=torch.bool, device=advantages.device), torch.ones(N, device=advantages.device)
     if cfg.score_against == "validation":
         buf.scores, g_val = validation_scores(it, cfg, policy, rollouts, advantages, val_seqs, passes, dist)
@@ -177,8 +184,8 @@ def select_episodes(it, cfg: Config, policy, buf: Buffer, val_seqs, passes, dist
 def validation_scores(it, cfg: Config, policy, rollouts, advantages, val_seqs, passes, dist: Single = SINGLE):
     """I-PPO's s_i = g_i . g_val for this rank's episodes, and g_val. Both gradients are taken
     at the sampling temperature (our choice, influence.py's docstring says why)."""
-    if cfg.val_subset:   # not exact, cheaper: g_val over a fresh random K of the solutions (one process only)
-        val_seqs = val_seqs.select(validation_rows(cfg.seed, it, cfg.val_subset, cfg.val_size))
+    # --val-subset K: not exact, cheaper, g_val over a fresh random K of the solutions (one process only)
+    val_seqs = val_seqs.select(validation_rows(cfg.seed, it, cfg.val_subset, cfg.val_size)) if cfg.val_subset else val_seqs
     # g_val over the whole validation set: each rank's share divided by the token count of all shares, summed.
     g_val = dist.sum(passes.validation_gradient(policy, val_seqs, n_tokens=dist.sum(val_seqs.response_mask.sum())))
     require_finite(it, "influence", g_val=g_val)                                          # (P,)
@@ -212,7 +219,6 @@ def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, passes, dist: Si
     uses = keep if not value_loss_on or cfg.critic_episodes == "kept" else torch.ones_like(keep)   # (N,) forwards that count
     value_on = uses if value_loss_on else torch.zeros_like(keep)                            # (N,) in the value loss
     steps = minibatch_plan(it, cfg, keep, value_on, dist)
-    params = [p for p in policy.parameters() if p.requires_grad]
     record, grad_norms, sft_losses = [], [], []
     for step, (epoch, n_policy, n_value, minibatch) in enumerate(tqdm(steps, desc="updating", unit="step",
                                                                       disable=not cfg.progress, leave=False)):
@@ -234,10 +240,9 @@ def ppo_update(it, cfg: Config, policy, optimizer, buf: Buffer, passes, dist: Si
             record.append((step, micro, logprobs.detach(), pg.detach(), vf.detach(), ent.detach()))
         if cfg.sft_coef > 0:
             sft_losses.append(sft_term(it * len(steps) + step, cfg, policy, sft_seqs, passes))
-        dist.sum_grads(params)
+        dist.sum_grads([p for p in policy.parameters() if p.requires_grad])
         grad_norms.append(clip_and_step(it, cfg, policy, optimizer))
-    return {"record": record, "value_on": value_on, "steps": len(steps), "grad_norms": grad_norms,
-            "sft_losses": sft_losses}
+    return {"record": record, "value_on": value_on, "steps": len(steps), "grad_norms": grad_norms, "sft_losses": sft_losses}
 
 
 def minibatch_plan(it: int, cfg: Config, keep: torch.Tensor, value_on: torch.Tensor, dist: Single = SINGLE) -> list:
@@ -291,7 +296,7 @@ class Definitions:
     def update_forwards(self, policy, rollouts, minibatch, step):
         """(micro-batch, log pi_theta, V_theta, entropy), --micro-batch-size episodes at a time."""
         return ((micro, *token_logprobs(policy, rollouts.select(micro), self.cfg.temperature, with_entropy=True))
-                for micro in chunks(minibatch, self.cfg.micro_batch_size))
+                for micro in minibatch.split(self.cfg.micro_batch_size))
 
     def sft_nll(self, policy, seqs):
         return sft_nll(policy, seqs)
@@ -299,15 +304,8 @@ class Definitions:
 
 def passes_for(it: int, cfg: Config, dist: Single = SINGLE):
     """How iteration `it` computes its passes: by the definitions, or with --speedups."""
-    if cfg.speedups == "off":
-        return Definitions(cfg)
-    return speedups.Passes(cfg, first_minibatch=lambda every: minibatch_plan(it, cfg, every, every, dist)[0][-1])
-
-
-# ----------------------------------------------------------------------------- helpers
-
-def chunks(index: torch.Tensor, size: int):
-    return [index[s:s + size] for s in range(0, len(index), size)]
+    return Definitions(cfg) if cfg.speedups == "off" else speedups.Passes(
+        cfg, first_minibatch=lambda every: minibatch_plan(it, cfg, every, every, dist)[0][-1])
 
 
 # ----------------------------------------------------------------------------- main

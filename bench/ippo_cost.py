@@ -4,6 +4,7 @@
     HF_HUB_OFFLINE=1 python bench/ippo_cost.py --iterations 3       # a quick check
     HF_HUB_OFFLINE=1 python bench/ippo_cost.py --pairs 5 --iterations 10   # 5 pairs, an interval
     HF_HUB_OFFLINE=1 python bench/ippo_cost.py --recipe gsm8k-270m --iterations 5
+    HF_HUB_OFFLINE=1 python bench/ippo_cost.py --ippo-flags=--val-subset=64   # the cheaper, inexact g_val
 
 --recipe tiny (the default) is the README's first command (the tiny world's recipe,
 configs/tiny.toml: 32 prompts x 4 samples = 128 episodes, one minibatch, 2 epochs);
@@ -142,12 +143,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--pairs", type=int, default=1, help="pairs of runs (PPO, I-PPO), alternating which is first")
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="tiny")
     parser.add_argument("--out", default=None, help="also write the medians as JSON here")
+    parser.add_argument("--ippo-flags", default="", help="more train.py flags for the I-PPO runs, space-separated "
+                        "(e.g. --val-subset=64)")
     args = parser.parse_args(argv)
+    methods = {**METHODS, "I-PPO": [*METHODS["I-PPO"], *args.ippo_flags.split()]}
     runs = {name: [] for name in METHODS}
     for k in range(args.pairs):
         for name in (list(METHODS) if k % 2 == 0 else list(METHODS)[::-1]):
             with tempfile.TemporaryDirectory() as tmp:
-                runs[name].append(summary(run(RECIPES[args.recipe], METHODS[name], args.iterations, args.seed,
+                runs[name].append(summary(run(RECIPES[args.recipe], methods[name], args.iterations, args.seed,
                                               Path(tmp) / "run")))
             print(f"[pair {k + 1}/{args.pairs}] {name}: {runs[name][-1]['total']:.2f} s an iteration", flush=True)
     result = {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for name, rs in runs.items()}
@@ -157,7 +161,8 @@ def main(argv=None) -> dict:
     result["pairs"] = {"ratios": pair_ratios, "mean": mean, "half_width_95": half,
                        "PPO_totals": [r["total"] for r in runs["PPO"]],
                        "I-PPO_totals": [r["total"] for r in runs["I-PPO"]]}
-    result["run"] = {"recipe": args.recipe, "flags": RECIPES[args.recipe], "iterations": args.iterations,
+    result["run"] = {"recipe": args.recipe, "flags": RECIPES[args.recipe], "ippo_flags": args.ippo_flags,
+                     "iterations": args.iterations,
                      "seed": args.seed, "pairs": args.pairs}
     print(f"\n{args.recipe}: seconds per iteration, medians of iterations 2..{args.iterations} "
           f"(and over {args.pairs} pairs), seed {args.seed}\n")
@@ -165,7 +170,7 @@ def main(argv=None) -> dict:
     for name in METHODS:
         r = result[name]
         print(f"| {name} | " + " | ".join(f"{r[p]:.2f}" for p in PHASES) + f" | {r['total']:.2f} | {r['kept_fraction']:.2f} |")
-    print(f"\nI-PPO / PPO per iteration: {result['ratio']:.2f}")
+    print(f"\nI-PPO{' ' + args.ippo_flags if args.ippo_flags else ''} / PPO per iteration: {result['ratio']:.2f}")
     if args.recipe == "tiny":
         passes = pass_costs(RECIPES[args.recipe], args.seed)
         floor = (result["PPO"]["total"] + passes["g_val"] + passes["plain_pass"]) / result["PPO"]["total"]

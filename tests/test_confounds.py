@@ -136,7 +136,7 @@ def test_a_minibatch_keeps_the_samples_of_a_prompt_together():
     assert len(steps) == 4
     for _, _, _, mb in steps:
         assert torch.equal(mb, mb.sort().values)
-        prompts_per_micro = [len(torch.unique(micro // 4)) for micro in train.chunks(mb, cfg.micro_batch_size)]
+        prompts_per_micro = [len(torch.unique(micro // 4)) for micro in mb.split(cfg.micro_batch_size)]
         assert sum(prompts_per_micro) <= 64 - 16       # scattered at random they would fill about 60
     assert sorted(torch.cat([mb for *_, mb in steps[:2]]).tolist()) == list(range(128))
 

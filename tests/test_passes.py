@@ -179,4 +179,4 @@ def test_the_default_path_is_the_algorithm_box(tiny_dir, tmp_path, monkeypatch, 
     assert list(plain["seconds"]) == ["rollout", "reward", "advantages", "influence", "update"]
     assert json.loads((tmp_path / "plain" / "config.json").read_text())["speedups"] == "on"
     shared = metrics(train.main([*args, "--speedups", "all", "--run-dir", str(tmp_path / "shared")]))[-1]
-    assert list(shared["seconds"]) == ["rollout", "shared_forward", "reward", "advantages", "influence", "update"]
+    assert list(shared["seconds"]) == ["rollout", "reward", "shared_forward", "advantages", "influence", "update"]

@@ -1,0 +1,170 @@
+"""The rollout-selection rules (selection.py) on hand-made batches, and in real runs."""
+import itertools
+import json
+
+import pytest
+import torch
+
+import draws
+import train
+from config import Config, check_against_ranks, parse_config
+from rollout import Rollouts
+from selection import RULES, concatenate, dynamic_sampling, every_episode, max_variance_down_sampling, max_variance_subset
+from test_train import SMALL, comparable, metrics, run
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py
+
+
+def hand_made_sampler(rounds: list[list[list[float]]], calls: list):
+    """sample(k, n) for selection rules: round k's prompt j gets the rewards rounds[k][j] (n of
+    them). Responses are 2 + k tokens wide and prompts 3 + k, so that joining rounds pads."""
+    def sample(k, n):
+        calls.append((k, n))
+        groups = rounds[k]
+        assert all(len(g) == n for g in groups)
+        N, P, T = len(groups) * n, 3 + k, 2 + k
+        rollouts = Rollouts(prompt_ids=torch.full((N, P), 10 + k), prompt_mask=torch.ones(N, P, dtype=torch.long),
+                            response_ids=torch.arange(N * T).view(N, T), response_mask=torch.ones(N, T),
+                            sampler_logprobs=torch.full((N, T), -1.0), truncated=torch.zeros(N, dtype=torch.bool),
+                            prompt_index=[j for j in range(len(groups)) for _ in range(n)],
+                            responses=[f"round {k} prompt {j} answer {a}" for j in range(len(groups)) for a in range(n)])
+        return train.Buffer([f"round {k} prompt {j}" for j in range(len(groups))], rollouts, [False] * N,
+                            torch.tensor([r for g in groups for r in g]), generated_tokens=N * T)
+    return sample
+
+
+def test_the_template_takes_the_iterations_own_prompts_and_every_episode():
+    calls = []
+    buf = every_episode(Config(samples_per_prompt=2), hand_made_sampler([[[1, 0], [0, 0]]], calls))
+    assert calls == [(0, 2)] and buf.examples == ["round 0 prompt 0", "round 0 prompt 1"] and len(buf.rollouts) == 4
+    assert RULES["none"] is every_episode
+
+
+def test_dapo_keeps_the_groups_whose_rewards_differ_and_refills_from_later_rounds():
+    rounds = [[[1, 1], [1, 0], [0, 0]],            # round 0: only prompt 1 is informative
+              [[0, 0], [0, 1], [1, 1]],            # round 1: prompt 1
+              [[1, 0], [0, 1], [1, 0]],            # round 2: all three, one is needed
+              [[1, 0], [1, 0], [1, 0]]]            # never sampled: the batch is full after round 2
+    calls = []
+    buf = dynamic_sampling(Config(prompts_per_iter=3, samples_per_prompt=2, dapo_rounds=3), hand_made_sampler(rounds, calls))
+    assert calls == [(0, 2), (1, 2), (2, 2)]
+    assert buf.examples == ["round 0 prompt 1", "round 1 prompt 1", "round 2 prompt 0"]
+    assert buf.rewards.tolist() == [1, 0, 0, 1, 1, 0]
+    assert buf.rollouts.prompt_index == [0, 0, 1, 1, 2, 2]
+    assert buf.rollouts.responses == ["round 0 prompt 1 answer 0", "round 0 prompt 1 answer 1",
+                                      "round 1 prompt 1 answer 0", "round 1 prompt 1 answer 1",
+                                      "round 2 prompt 0 answer 0", "round 2 prompt 0 answer 1"]
+    assert buf.generated_tokens == 3 * 2 * 2 + 3 * 2 * 3 + 3 * 2 * 4     # every round's tokens, dropped ones too
+    # joined rounds are padded to the widest: prompts on the left, responses on the right, masks 0 there
+    assert buf.rollouts.prompt_ids.shape == (6, 5) and buf.rollouts.response_ids.shape == (6, 4)
+    assert buf.rollouts.prompt_mask[0].tolist() == [0, 0, 1, 1, 1] and buf.rollouts.response_mask[0].tolist() == [1, 1, 0, 0]
+    assert buf.rollouts.response_mask[4].tolist() == [1, 1, 1, 1]
+
+
+def test_dapo_stops_after_its_rounds_with_what_it_found_and_falls_back_when_it_found_nothing():
+    calls = []
+    found = dynamic_sampling(Config(prompts_per_iter=3, samples_per_prompt=2, dapo_rounds=1),
+                             hand_made_sampler([[[1, 1], [1, 0], [0, 0]], [[0, 0], [0, 0], [1, 1]]], calls))
+    assert calls == [(0, 2), (1, 2)] and found.examples == ["round 0 prompt 1"]
+    calls = []
+    none = dynamic_sampling(Config(prompts_per_iter=2, samples_per_prompt=2, dapo_rounds=2),
+                            hand_made_sampler([[[1, 1], [0, 0]], [[0, 0], [0, 0]], [[1, 1], [1, 1]]], calls))
+    assert len(calls) == 3 and none.examples == ["round 0 prompt 0", "round 0 prompt 1"]   # the iteration's own batch
+    assert none.generated_tokens == 4 * 2 + 4 * 3 + 4 * 4
+    zero_rounds = dynamic_sampling(Config(prompts_per_iter=2, samples_per_prompt=2, dapo_rounds=0),
+                                   hand_made_sampler([[[1, 0], [0, 0]]], calls := []))
+    assert calls == [(0, 2)] and zero_rounds.examples == ["round 0 prompt 0"]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_max_variance_subset_is_the_best_of_every_subset(seed):
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(2, 8, (1,), generator=g))
+    m = int(torch.randint(1, n, (1,), generator=g))
+    rewards = (torch.randint(0, 3, (n,), generator=g).float() - (seed % 2) * torch.rand(n, generator=g)).round(decimals=1)
+    chosen = max_variance_subset(rewards, m)
+    assert len(chosen) == m == len(set(chosen.tolist())) and chosen.tolist() == sorted(chosen.tolist())
+    best = max(rewards[list(c)].double().var(unbiased=False).item() for c in itertools.combinations(range(n), m))
+    assert rewards[chosen].double().var(unbiased=False).item() == pytest.approx(best, abs=1e-12)
+
+
+def test_max_variance_subset_breaks_ties_by_the_smallest_k_and_one_stable_sort():
+    assert max_variance_subset(torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0]), 2).tolist() == [1, 4]   # first 0, last 1
+    assert max_variance_subset(torch.tensor([0.0, 0.0, 0.0]), 2).tolist() == [0, 1]             # all equal: first sampled
+    assert max_variance_subset(torch.tensor([0.0, 1.0, 1.0, 1.0]), 2).tolist() == [0, 1]
+
+
+def test_pods_samples_n_and_keeps_the_m_of_largest_variance_per_prompt():
+    calls = []
+    rounds = [[[1, 1, 1, 0], [0, 0, 1, 0], [1, 1, 1, 1]]]
+    buf = max_variance_down_sampling(Config(samples_per_prompt=2, pods_samples=4), hand_made_sampler(rounds, calls))
+    assert calls == [(0, 4)]
+    assert buf.rollouts.prompt_index == [0, 0, 1, 1, 2, 2] and buf.rewards.tolist() == [1, 0, 0, 1, 1, 1]
+    assert buf.rollouts.responses[:4] == ["round 0 prompt 0 answer 0", "round 0 prompt 0 answer 3",
+                                          "round 0 prompt 1 answer 0", "round 0 prompt 1 answer 2"]
+    assert buf.generated_tokens == 12 * 2 and len(buf.flipped) == 6    # every sampled token counts
+
+
+def test_refill_prompts_come_from_a_stream_of_their_own_even_from_a_pool_smaller_than_a_batch():
+    cfg = Config(prompts_per_iter=4, dapo_rounds=2, seed=3)
+    pool = ["a", "b", "c"]                                                  # fewer prompts than a batch
+    own = draws.iteration_prompts(pool, 0, 0, cfg)
+    assert len(own) == 4 and set(own) <= set(pool)
+    assert own == draws.iteration_prompts(pool, 0, 0, cfg)                   # the same draw on resume
+    big = [f"p{i}" for i in range(1000)]
+    rounds = [draws.iteration_prompts(big, it, k, cfg) for it in range(3) for k in range(3)]
+    assert all(len(r) == 4 for r in rounds)
+    refills = [p for it in range(3) for k in (1, 2) for p in draws.iteration_prompts(big, it, k, cfg)]
+    assert len(set(refills)) == len(refills)                                 # no refill batch repeats another
+    assert draws.iteration_prompts(big, 1, 0, cfg) == [big[i] for i in draws.batch_indices(1000, 1, 4, 3)]   # PPO's
+
+
+def test_whitening_sees_only_what_the_rule_kept(tiny_dir, tmp_path, monkeypatch):
+    """The field's bug: advantage statistics computed over the sampled batch before the filter.
+    Here the rule's Buffer holds only what it kept, so the advantages the update uses have mean
+    0 over the kept episodes' tokens."""
+    seen = []
+
+    def spy(cfg, buf, dist=train.SINGLE):
+        out = compute(cfg, buf, dist)
+        mask = buf.rollouts.response_mask
+        seen.append((len(buf.rollouts), ((out[0] * mask).sum() / mask.sum()).item()))
+        return out
+    compute = train.compute_advantages
+    monkeypatch.setattr(train, "compute_advantages", spy)
+    run_dir = run(tiny_dir, tmp_path / "r", "--iterations", "2", "--eval-every", "0", "--influence", "off",
+                  "--selection", "pods", "--pods-samples", "5", "--kl-beta", "0")
+    rows = metrics(run_dir)
+    episodes = [json.loads(l) for l in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    assert [r["episodes"] for r in rows] == [6, 6] and len(episodes) == 12          # 2 prompts x 3 kept of 5
+    assert [n for n, _ in seen] == [6, 6] and all(abs(mean) < 1e-6 for _, mean in seen)
+    assert rows[0]["generated_tokens"] > rows[0]["response_tokens"] * rows[0]["episodes"]   # the dropped ones count
+
+
+@pytest.mark.parametrize("flags", [["--selection", "dapo", "--dapo-rounds", "2"],
+                                   ["--selection", "pods", "--pods-samples", "5"]])
+def test_a_run_of_each_rule_resumes_exactly(tiny_dir, tmp_path, flags):
+    flags = ["--influence", "off", "--eval-every", "0", "--reward-noise", "0.3", *flags]
+    full = run(tiny_dir, tmp_path / "full", "--iterations", "2", *flags)
+    part = run(tiny_dir, tmp_path / "part", "--iterations", "1", *flags)
+    train.main(["--resume", str(part), "--iterations", "2", "--no-progress"])
+    a, b = metrics(full), metrics(part)
+    assert [comparable(r) for r in a] == [comparable(r) for r in b]
+    assert (full / "episodes.jsonl").read_text() == (part / "episodes.jsonl").read_text()
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--selection", "dapo"], "--selection: dapo replaces the influence filter"),
+    (["--influence", "off", "--selection", "pods", "--samples-per-prompt", "4", "--pods-samples", "4"], "--pods-samples"),
+    (["--influence", "off", "--dapo-rounds", "2"], "--dapo-rounds: does nothing with --selection none"),
+    (["--influence", "off", "--selection", "dapo", "--pods-samples", "9"], "--pods-samples: does nothing"),
+    (["--influence", "off", "--selection", "dapo", "--dapo-rounds", "-1"], "--dapo-rounds"),
+])
+def test_a_rule_that_makes_no_sense_is_refused(argv, named):
+    with pytest.raises(SystemExit, match=named):
+        parse_config(argv)
+
+
+def test_a_rule_is_refused_under_torchrun():
+    with pytest.raises(SystemExit, match="--selection pods: not implemented under torchrun"):
+        check_against_ranks(parse_config(["--influence", "off", "--selection", "pods"]), ranks=2)
