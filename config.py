@@ -61,6 +61,8 @@ class Config:
                          "every episode: memory grows with prompts x samples, not --micro-batch-size)",
                          choices=("off", "on", "all"))
     random_filter: bool = flag(False, "control: drop as many episodes as influence would, chosen at random")
+    shuffle_weights: bool = flag(False, "control: I-PPO's kept set with its weights permuted among the kept episodes "
+                                 "(which episodes, not how weighted)")
     selection: str = flag("none", "a rollout-selection rule in place of the influence filter (selection.py; needs "
                           "--influence off): none (every episode), dapo (DAPO's dynamic sampling: keep the prompts whose "
                           "answers' rewards differ, sample more prompts to refill), pods (PODS: sample --pods-samples "
@@ -207,6 +209,10 @@ class Config:
         need(not (self.selection == "pods" and self.pods_samples <= self.samples_per_prompt), "pods_samples",
              f"must be more than --samples-per-prompt {self.samples_per_prompt} (PODS keeps that many of them)")
         need(0 <= self.val_subset <= self.val_size, "val_subset", f"must be in [0, --val-size {self.val_size}]")
+        need(not (self.shuffle_weights and (self.influence == "off" or self.random_filter or not self.reweight
+                                            or self.score_against != "validation")), "shuffle_weights",
+             "permutes I-PPO's weights: needs --influence on and reweighting by the validation scores "
+             "(not --random-filter, --no-reweight or --score-against batch)")
         need(not (self.influence == "off" and self.random_filter), "random_filter",
              "needs --influence on (it drops as many episodes as the scores would)")
         need(not (self.influence == "off" and not self.reweight), "reweight",

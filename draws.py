@@ -6,6 +6,7 @@ Public:
     batch_indices(n, iteration, batch, seed)      the training rows of an iteration
     iteration_prompts(examples, it, k, cfg)       round k's prompts (k > 0: a selection rule's further ones)
     planted_flips(cfg, it, n, rank)               --reward-noise: which episodes' rewards flip
+    filter_draw(seed, it)                         the generator of --random-filter and --shuffle-weights
     validation_rows(seed, it, k, n)               --val-subset: which k of the n validation solutions
 """
 
@@ -39,6 +40,11 @@ def iteration_prompts(examples: list, it: int, k: int, cfg) -> list:
     batches an iteration, so that they take no later iteration's prompts."""
     position, purpose = (it, SHUFFLE) if k == 0 else (it * cfg.dapo_rounds + k - 1, REFILL)
     return [examples[i] for i in batch_indices(len(examples), position, cfg.prompts_per_iter, cfg.seed, purpose)]
+
+
+def filter_draw(seed: int, it: int) -> torch.Generator:
+    """The draw of the influence filter's controls (--random-filter, --shuffle-weights) at iteration `it`."""
+    return torch.Generator().manual_seed(derived_seed(seed, it, FILTER))
 
 
 def planted_flips(cfg, it: int, n: int, rank: int = 0, k: int = 0) -> list[bool]:

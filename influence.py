@@ -43,6 +43,7 @@ Public functions (the definitions; speedups.py computes the same scores in one p
     filter_and_reweight(scores)                  -> (keep (N,) bool, weights (N,))
     binary_filter(scores)                        -> the same filter, every kept weight 1
     random_filter(scores, generator)             -> drop as many as the scores would, at random
+    shuffled_weights(scores, generator)          -> the same kept set, its weights permuted among it
     dtv_filter(scores)                           -> keep s_i >= 0, every kept weight 1
 """
 
@@ -150,6 +151,16 @@ def random_filter(scores: torch.Tensor, generator: torch.Generator):
     keep[chosen] = True
     keep = keep.to(scores.device)
     return keep, keep.to(scores.dtype)
+
+
+def shuffled_weights(scores: torch.Tensor, generator: torch.Generator):
+    """--shuffle-weights, the control that tells "which episodes" from "how weighted": the kept
+    set of filter_and_reweight (s > 0) with its weights w_i = s_i / mean kept s permuted at
+    random among the kept episodes (so the same weights, on other episodes of the set)."""
+    keep, weights = filter_and_reweight(scores)
+    kept = torch.nonzero(keep).squeeze(-1)
+    weights[kept] = weights[kept[torch.randperm(len(kept), generator=generator).to(kept.device)]]
+    return keep, weights
 
 
 def dtv_filter(scores: torch.Tensor):

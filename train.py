@@ -40,10 +40,10 @@ from accuracy import run_eval
 from config import Config, check_against_data, check_against_model, check_against_ranks, parse_config
 from distributed import SINGLE, Single
 from distributed import setup as setup_distributed
-from draws import (FILTER, MINIBATCHES, ROUND, SAMPLING, derived_seed, iteration_prompts, planted_flips,
+from draws import (MINIBATCHES, ROUND, SAMPLING, derived_seed, filter_draw, iteration_prompts, planted_flips,
                    validation_rows)
 from influence import (binary_filter, dtv_filter, episode_gradients, filter_and_reweight, influence_scores,
-                       loop_batch_scores, random_filter, sft_nll, validation_gradient)
+                       loop_batch_scores, random_filter, sft_nll, shuffled_weights, validation_gradient)
 from logbook import Timer, evaluation_due, iteration_records, log_line, start_line
 from model import inspect_model, load_adapter, load_policy, load_reference_adapter
 from offline_models import model_source
@@ -170,11 +170,11 @@ def select_episodes(it, cfg: Config, policy, buf: Buffer, val_seqs, passes, dist
     all_scores = dist.cat(buf.scores)                                                                 # (N_all,)
     require_finite(it, "influence", scores=all_scores)
     if cfg.random_filter:
-        keep, weights = random_filter(all_scores, torch.Generator().manual_seed(derived_seed(cfg.seed, it, FILTER)))
+        keep, weights = random_filter(all_scores, filter_draw(cfg.seed, it))
     elif cfg.score_against != "validation":
         keep, weights = dtv_filter(all_scores)
-    elif cfg.reweight:
-        keep, weights = filter_and_reweight(all_scores)
+    elif cfg.reweight:   # (--shuffle-weights, the control: the same kept set, its weights permuted among the kept)
+        keep, weights = shuffled_weights(all_scores, filter_draw(cfg.seed, it)) if cfg.shuffle_weights else filter_and_reweight(all_scores)
     else:
         keep, weights = binary_filter(all_scores)
     mine = slice(dist.offset(N), dist.offset(N) + N)  # this rank's episodes within all_scores

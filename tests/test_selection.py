@@ -168,3 +168,29 @@ def test_a_rule_that_makes_no_sense_is_refused(argv, named):
 def test_a_rule_is_refused_under_torchrun():
     with pytest.raises(SystemExit, match="--selection pods: not implemented under torchrun"):
         check_against_ranks(parse_config(["--influence", "off", "--selection", "pods"]), ranks=2)
+
+
+def test_shuffled_weights_keep_ippos_set_and_permute_its_weights_among_it():
+    from influence import filter_and_reweight, shuffled_weights
+    scores = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.5, 3.0, -0.2])
+    keep, weights = filter_and_reweight(scores)
+    shuffled_keep, shuffled = shuffled_weights(scores, torch.Generator().manual_seed(0))
+    assert torch.equal(shuffled_keep, keep) and (shuffled[~keep] == 0).all()
+    assert sorted(shuffled[keep].tolist()) == sorted(weights[keep].tolist())           # the same weights
+    draws_ = [shuffled_weights(scores, torch.Generator().manual_seed(s))[1] for s in range(20)]
+    assert any(not torch.equal(w, weights) for w in draws_)                            # on other episodes
+    assert torch.equal(draws_[3], shuffled_weights(scores, torch.Generator().manual_seed(3))[1])
+
+
+def test_a_run_with_shuffled_weights_logs_ippos_kept_set(tiny_dir, tmp_path):
+    a = metrics(run(tiny_dir, tmp_path / "a", "--iterations", "1", "--eval-every", "0"))[0]
+    b = metrics(run(tiny_dir, tmp_path / "b", "--iterations", "1", "--eval-every", "0", "--shuffle-weights"))[0]
+    assert a["kept"] == b["kept"] and a["score_mean"] == b["score_mean"]     # same scores, same kept set
+
+
+@pytest.mark.parametrize("argv", [["--influence", "off", "--shuffle-weights"], ["--random-filter", "--shuffle-weights"],
+                                  ["--no-reweight", "--shuffle-weights"],
+                                  ["--score-against", "batch", "--shuffle-weights"]])
+def test_shuffled_weights_without_ippos_weights_are_refused(argv):
+    with pytest.raises(SystemExit, match="--shuffle-weights"):
+        parse_config(argv)
