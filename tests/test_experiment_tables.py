@@ -34,3 +34,33 @@ def test_val_size_report_comes_from_its_records():
     val_size = load("val-size", "val_size")
     record = val_size.read_record(val_size.RECORD)
     assert val_size.test_report(record) == val_size.REPORT.read_text()
+
+
+def fake_record(arm, seed, ems, tokens_per_iteration, noise=0.0):
+    """A test run's record: em (and faithful accuracy em - 0.1) at iterations 0, 10, ..., 150."""
+    curve = {str(i): [em, em - 0.1, 0.2, i * tokens_per_iteration] for i, em in zip(range(0, 151, 10), ems)}
+    last = curve["150"]
+    return {"name": f"test-{arm}-seed{seed}", "arm": arm, "seed": seed, "phase": "test", "setting": "", "noise": noise,
+            "machine": "m", "code": "c", "run_dir": "/nonexistent", "generated_tokens": 150 * tokens_per_iteration,
+            "steps": {"iteration": 150, "em": last[0], "faithful": last[1], "unfaithful": 0.2, "maj8": None},
+            "tokens": None, "scored_mean": 0.0, "curve": curve}
+
+
+def test_rollout_selection_judges_each_rule_at_both_budgets():
+    rules = load("rollout-selection", "compare_rules")
+    ramp = [0.2 + 0.02 * k for k in range(16)]                 # 0.20 .. 0.50
+    records = [fake_record("ppo", s, ramp, 100) for s in range(3)]
+    records += [fake_record("pods", s, [e + 0.01 * (s + 1) for e in ramp], 200) for s in range(3)]   # 2x the tokens
+    records = rules.token_budget_results(records)
+    pods = [r for r in records if r["arm"] == "pods"]
+    assert all(r["tokens"]["iteration"] == 70 and r["tokens"]["budget"] == 15000 for r in pods)   # 80 would be 16000
+    assert pods[0]["tokens"]["em"] == ramp[7] + 0.01
+    assert all(r["tokens"]["iteration"] == 150 for r in records if r["arm"] == "ppo")
+    text = rules.report(records, {"ppo": 1.0, "pods": 1.5})
+    # at matched steps PODS is 2 +- 2.5 points ahead of PPO (seed differences 1, 2, 3); at matched tokens far behind
+    steps = text[text.index("matched optimizer steps"):text.index("matched generated tokens")]
+    assert "| PODS max-variance down-sampling | 0, 1, 2 | 2.000 ± 2.484 (no difference shown)" in steps
+    tokens = text[text.index("matched generated tokens"):]
+    assert "| PODS max-variance down-sampling | 0, 1, 2 | -14.000 ± 2.484 (behind)" in tokens     # iteration 70
+    # time to PPO's final mean em (0.5): PPO at iteration 150 x 1.0 s; PODS's mean curve at 140 x 1.5 s
+    assert "| 1.00 | 1.00 |" in steps and "| 1.50 | 1.40 |" in steps
