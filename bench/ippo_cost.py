@@ -87,7 +87,7 @@ def pass_costs(recipe: list[str], seed: int, repeats: int = 5) -> dict:
     from ppo import policy_loss
     from reward import reward_fn
     import speedups
-    from rollout import encode_pairs, generate_rollouts, old_and_ref_logprobs, token_logprobs
+    from rollout import encode_pairs, generate_rollouts, old_and_ref_logprobs
     from speedups import onepass_scores
 
     cfg = parse_config([*recipe, "--influence", "on", "--seed", str(seed)])
@@ -112,8 +112,8 @@ def pass_costs(recipe: list[str], seed: int, repeats: int = 5) -> dict:
     def g_val():
         return validation_gradient(policy, val_seqs, cfg.val_batch_size, temperature=cfg.temperature)
 
-    def plain_pass():
-        logprobs, _, _ = token_logprobs(policy, rollouts, cfg.temperature)
+    def plain_pass():   # the samples of a prompt share its forward (speedups.token_logprobs), as in the update
+        logprobs, _, _ = speedups.token_logprobs(policy, rollouts, cfg.temperature)
         loss = policy_loss(logprobs, rollouts.old_logprobs, advantages, rollouts.response_mask, cfg.clip_eps).sum()
         torch.autograd.grad(loss, params)
 
