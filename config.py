@@ -66,9 +66,13 @@ class Config:
     selection: str = flag("none", "a rollout-selection rule in place of the influence filter (selection.py; needs "
                           "--influence off): none (every episode), dapo (DAPO's dynamic sampling: keep the prompts whose "
                           "answers' rewards differ, sample more prompts to refill), pods (PODS: sample --pods-samples "
-                          "answers a prompt, keep the --samples-per-prompt of largest reward variance)",
-                          choices=("none", "dapo", "pods"))
-    dapo_rounds: int = flag(3, "--selection dapo: at most this many further batches of prompts an iteration")
+                          "answers a prompt, keep the --samples-per-prompt of largest reward variance), greso (GRESO: "
+                          "DAPO's sampling, prompts whose answers were all right or all wrong lately skipped before "
+                          "sampling)", choices=("none", "dapo", "pods", "greso"))
+    dapo_rounds: int = flag(3, "--selection dapo, greso: at most this many further batches of prompts an iteration")
+    greso_target: float = flag(0.25, "--selection greso: the share of zero-variance prompts its skip probabilities aim at")
+    train_pool: int = flag(0, "train on the first K training rows only (0: all of them): a pool small enough that a run "
+                           "meets each prompt many times, as GRESO's history needs")
     pods_samples: int = flag(8, "--selection pods: answers sampled per prompt (n), of which --samples-per-prompt are kept")
     score_against: str = flag("validation", "what each episode's gradient g_i is dotted with: validation (I-PPO: g_val, "
                               "the SFT gradient of the validation set); batch (DTV, arXiv 2609.35072: the mean g_j "
@@ -206,6 +210,8 @@ class Config:
              f"{self.selection} replaces the influence filter: give --influence off too")
         need(not (self.selection != "none" and self.algo != "ppo"), "selection", "selects PPO's rollouts: needs --algo ppo")
         need(self.dapo_rounds >= 0, "dapo_rounds", "must be >= 0")
+        need(0 < self.greso_target < 1, "greso_target", "must be a share in (0, 1)")
+        need(self.train_pool >= 0, "train_pool", "must be >= 0 (0: every training row)")
         need(not (self.selection == "pods" and self.pods_samples <= self.samples_per_prompt), "pods_samples",
              f"must be more than --samples-per-prompt {self.samples_per_prompt} (PODS keeps that many of them)")
         need(0 <= self.val_subset <= self.val_size, "val_subset", f"must be in [0, --val-size {self.val_size}]")
@@ -327,8 +333,10 @@ def refuse_inert_flags(cfg: Config, given: set[str]) -> None:
         inert += [("reweight", "--random-filter", "the random control keeps its episodes at weight 1")]
     elif cfg.score_against != "validation":
         inert += [("reweight", f"--score-against {cfg.score_against}", "batch and batch-loo filter only, as DTV does")]
-    if cfg.selection != "dapo":
-        inert += [("dapo_rounds", f"--selection {cfg.selection}", "only DAPO samples further prompts")]
+    if cfg.selection not in ("dapo", "greso"):
+        inert += [("dapo_rounds", f"--selection {cfg.selection}", "only DAPO and GRESO sample further prompts")]
+    if cfg.selection != "greso":
+        inert += [("greso_target", f"--selection {cfg.selection}", "only GRESO skips prompts")]
     if cfg.selection != "pods":
         inert += [("pods_samples", f"--selection {cfg.selection}", "only PODS down-samples")]
     if cfg.algo != "sft":

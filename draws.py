@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE, SFT_ROWS, VAL_ROWS, REFILL = 1, 2, 3, 4, 5, 6, 7, 8
+SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE, SFT_ROWS, VAL_ROWS, REFILL, SKIPS = 1, 2, 3, 4, 5, 6, 7, 8, 9
 ROUND = 10   # round k > 0 of a selection rule's sampling draws with purpose + ROUND * k  # the purposes of derived_seed's draws
 
 
@@ -51,8 +51,8 @@ def planted_flips(cfg, it: int, n: int, rank: int = 0, k: int = 0) -> list[bool]
     """--reward-noise p: which of the iteration's n episodes have their correctness flipped,
     each independently with probability p, from a draw of its own (a resumed run flips the
     same episodes; k: the sampling round, selection.py)."""
-    noise = torch.Generator().manual_seed(derived_seed(cfg.seed, it, NOISE + ROUND * k, rank))
-    return (torch.rand(n, generator=noise) < cfg.reward_noise).tolist()
+    return (torch.rand(n, generator=torch.Generator().manual_seed(derived_seed(cfg.seed, it, NOISE + ROUND * k, rank)))
+            < cfg.reward_noise).tolist()
 
 
 def validation_rows(seed: int, it: int, k: int, n: int) -> torch.Tensor:

@@ -189,9 +189,10 @@ def discard(directory: Path) -> None:
     fs_step(f"deleted {directory.name}")
 
 
-def save_checkpoint(run_dir: Path, iteration: int, cfg: Config, policy, optimizer) -> Path:
+def save_checkpoint(run_dir: Path, iteration: int, cfg: Config, policy, optimizer, selection: dict | None = None) -> Path:
     """checkpoints/iter_NNNNNN/: adapter and value head, optimizer state, RNG state (safetensors)
-    and the iteration (JSON), committed by switching checkpoints/latest (steps 2-5 above)."""
+    and the iteration with the selection rule's state (JSON: selection.py), committed by
+    switching checkpoints/latest (steps 2-5 above)."""
     from safetensors.torch import save_file
 
     root = run_dir / "checkpoints"
@@ -212,8 +213,8 @@ def save_checkpoint(run_dir: Path, iteration: int, cfg: Config, policy, optimize
         save_file(rng, tmp / "rng.safetensors")
     fs_step("wrote rng")
     with writing(f"checkpoints/{tmp.name}/state.json and {CHECKSUMS}"):
-        (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "config": dataclasses.asdict(cfg)},
-                                                   indent=2))
+        (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "config": dataclasses.asdict(cfg),
+                                                    "selection": selection or {}}, indent=2))
         write_checksums(tmp)
         for f in [*tmp.iterdir(), tmp]:
             fsync_path(f)
@@ -247,7 +248,8 @@ def tidy_checkpoints(root: Path, keep: int) -> None:
         discard(old)
 
 
-def commit_iteration(run_dir: Path, it: int, cfg: Config, metrics: dict, episodes: list, policy, optimizer) -> Path:
+def commit_iteration(run_dir: Path, it: int, cfg: Config, metrics: dict, episodes: list, policy, optimizer,
+                     selection: dict | None = None) -> Path:
     """Log iteration `it`, then checkpoint it, in the order described above. A write that fails
     (a full disk, say) ends the run with one message: what was being written, the last
     committed checkpoint (intact: the commit point was not reached, or was and names the new
@@ -259,7 +261,7 @@ def commit_iteration(run_dir: Path, it: int, cfg: Config, metrics: dict, episode
         with writing("metrics.jsonl"):
             append_jsonl(run_dir / "metrics.jsonl", [{"iteration": it + 1, **metrics}])
         fs_step("appended metrics.jsonl")
-        return save_checkpoint(run_dir, it + 1, cfg, policy, optimizer)
+        return save_checkpoint(run_dir, it + 1, cfg, policy, optimizer, selection)
     except WriteFailed as failed:
         latest = latest_checkpoint(run_dir)
         committed = (f"the last committed checkpoint, {latest}, is intact" if latest else
@@ -294,6 +296,13 @@ def resolve_checkpoint(path: str, flag: str = "") -> Path:
     if problems:
         raise SystemExit(f"{where}: the checkpoint {p} is damaged: {'; '.join(problems)}")
     return p
+
+
+def selection_state(run_dir: Path) -> dict:
+    """The selection rule's state as the latest checkpoint holds it ({} before the first, or for
+    a checkpoint written before rules had state)."""
+    ckpt = latest_checkpoint(run_dir)
+    return json.loads((ckpt / "state.json").read_text()).get("selection", {}) if ckpt else {}
 
 
 def load_checkpoint(run_dir: Path, policy, optimizer) -> int:

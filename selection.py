@@ -3,17 +3,20 @@
 A rule decides, before the advantages, which prompts are sampled (and whether more are) and
 which of the sampled episodes go on to the update. train.ppo_iteration calls it once:
 
-    rule(cfg, sample) -> train.Buffer
+    rule(cfg, sample, state) -> train.Buffer
 
-`sample(k, n)` samples n responses to each prompt of round k of the iteration and rewards
-them: k = 0 is the iteration's own --prompts-per-iter prompts, where every rule starts; k >= 1
-are further batches, from a stream of their own, so that a rule that asks for more takes no
-later iteration's (draws.iteration_prompts); k also seeds the sampler and the planted noise.
-It returns a train.Buffer holding examples, rollouts (rollouts.prompt_index into examples),
-rewards, flipped and generated_tokens. A rule returns such a Buffer: the episodes the update
-learns from, `generated_tokens` counting every response token it sampled (dropped episodes
-included). Every draw comes from (seed, iteration, round): a resumed run draws the
-same.
+`sample(k, n, keep=None)` samples n responses to each prompt of round k of the iteration and
+rewards them: k = 0 is the iteration's own --prompts-per-iter prompts, where every rule starts;
+k >= 1 are further batches, from a stream of their own, so that a rule that asks for more takes
+no later iteration's (draws.iteration_prompts); k also seeds the sampler and the planted noise.
+`keep(examples)`, if given, returns the prompts to sample among them, at least one (a rule
+that skips some before spending rollouts on them). It returns a
+train.Buffer holding examples, rollouts (rollouts.prompt_index into examples), rewards, flipped
+and generated_tokens. A rule returns such a Buffer: the episodes the update learns from,
+`generated_tokens` counting every response token it sampled (dropped episodes included).
+`state` is the rule's own dict (JSON), kept from iteration to iteration and saved in every
+checkpoint, so that a resumed run goes on with it. Every draw comes from (seed, iteration,
+round): a resumed run draws the same.
 
 What follows a rule is the same for every rule: pi_old and V_old of the episodes it returned,
 the recipe's advantages over those episodes only (GAE whitened over them, or with --advantage
@@ -24,6 +27,7 @@ every rule gets the recipe's GAE unless --advantage grpo is given.
     --selection none    every_episode: the template, the iteration's prompts and every episode
     --selection dapo    dynamic_sampling: DAPO's dynamic sampling
     --selection pods    max_variance_down_sampling: PODS
+    --selection greso   selective_rollouts: GRESO, prompts skipped by their reward history
 
 I-PPO's filter (--influence on) acts later, on the scores (train.select_episodes); the rules
 here replace it (config.py refuses both at once). To add a rule: copy every_episode, name it in
@@ -37,14 +41,16 @@ from dataclasses import replace
 
 import torch
 
+from draws import SKIPS, derived_seed
 
-def every_episode(cfg, sample):
+
+def every_episode(cfg, sample, state):
     """The template rule, which selects nothing away: the iteration's own prompts,
     --samples-per-prompt responses each, every episode kept (plain PPO's batch, and I-PPO's)."""
     return sample(0, cfg.samples_per_prompt)
 
 
-def dynamic_sampling(cfg, sample):
+def dynamic_sampling(cfg, sample, state, keep=None):
     """DAPO's dynamic sampling (arXiv 2503.14476, section 3.2 and Algorithm 1): a prompt's group
     of --samples-per-prompt answers is kept only if its rewards are not all equal (some but not
     all answers right: under GRPO such a group has zero advantage and teaches nothing), and
@@ -60,12 +66,72 @@ def dynamic_sampling(cfg, sample):
     --advantage grpo)."""
     kept, first, generated = [], None, 0
     for k in range(1 + cfg.dapo_rounds):
-        batch = sample(k, cfg.samples_per_prompt)
+        batch = sample(k, cfg.samples_per_prompt, keep)
         first, generated = first or batch, generated + batch.generated_tokens
         kept += [(batch, j) for j in range(len(batch.examples)) if informative(batch, j)][:cfg.prompts_per_iter - len(kept)]
         if len(kept) == cfg.prompts_per_iter:
             break
     return replace(join_groups(kept) if kept else first, generated_tokens=generated)
+
+
+def selective_rollouts(cfg, sample, state):
+    """GRESO (arXiv 2506.02177; its public code, Infini-AI-Lab/GRESO, for the details): DAPO's
+    dynamic sampling, with prompts skipped before any rollout is spent on them. A prompt whose
+    answers were all right the last c times in a row it was sampled is skipped with probability
+    1 - max(p_easy^c, 0.01); one whose answers were all wrong the last c times, with
+    1 - max(p_hard^c, 0.01); a prompt not seen before is never skipped. After each iteration
+    p_easy moves by 0.01 towards --greso-target / 3 as the share of all-right prompts among those
+    sampled (down if the share is at or above it: skip more; up if below), and p_hard towards
+    2 --greso-target / 3 with the all-wrong share, each within [0.05, 0.95], from 0.5.
+
+    State (checkpointed): each prompt's streaks [all right, all wrong] by its row (`where`),
+    p_easy, p_hard, the iterations done, and the prompts skipped and sampled so far (the
+    rollouts saved: state["skipped"] / (state["skipped"] + state["sampled"])).
+    Our choices: when every prompt of a round is drawn to be skipped, its first is sampled all the
+    same (the code moves on to the next batch: ours would spend a round on nothing); "all right" is every reward of the group above 0 and "all wrong" every reward
+    at most 0 (the code's 0.98 and 0.11 thresholds on a mean reward in [0, 1]); p starts to move
+    once some prompt is sampled a second time (the code: after the first epoch); the skip draws
+    come from (seed, iteration); advantages are the recipe's GAE (the paper: GRPO's)."""
+    state.setdefault("p_easy", 0.5), state.setdefault("p_hard", 0.5), state.setdefault("streaks", {})
+    draw = torch.Generator().manual_seed(derived_seed(cfg.seed, state.setdefault("iterations", 0), SKIPS))
+    seen = {"easy": 0, "hard": 0, "sampled": 0, "skipped": 0, "repeat": False}
+
+    def keep(examples):
+        chosen = []
+        for e in examples:
+            easy, hard = state["streaks"].get(e.where, [0, 0])
+            p, c = (state["p_easy"], easy) if easy else (state["p_hard"], hard)
+            seen["repeat"] |= e.where in state["streaks"]
+            if c and float(torch.rand(1, generator=draw)) < 1 - max(p ** c, 0.01):
+                seen["skipped"] += 1
+            else:
+                chosen.append(e)
+        if not chosen:   # every prompt of the round drawn to be skipped: the first is sampled all the same
+            seen["skipped"] -= 1
+            chosen.append(examples[0])
+        return chosen
+
+    def record(k, n, keep_=None):   # sample, and update each sampled prompt's streaks
+        batch = sample(k, n, keep_)
+        for j, e in enumerate(batch.examples):
+            rewards = batch.rewards[torch.as_tensor(batch.rollouts.prompt_index, device=batch.rewards.device) == j]
+            right, wrong = bool((rewards > 0).all()), bool((rewards <= 0).all())
+            easy, hard = state["streaks"].get(e.where, [0, 0])
+            state["streaks"][e.where] = [easy + 1 if right else 0, hard + 1 if wrong else 0]
+            seen["easy"], seen["hard"], seen["sampled"] = seen["easy"] + right, seen["hard"] + wrong, seen["sampled"] + 1
+        return batch
+
+    batch = dynamic_sampling(cfg, record, state, keep)
+    state["iterations"] += 1
+    state["skipped"] = state.get("skipped", 0) + seen["skipped"]
+    state["sampled"] = state.get("sampled", 0) + seen["sampled"]
+    state["adapting"] = state.get("adapting", False) or seen["repeat"]
+    if state["adapting"] and seen["sampled"]:
+        for name, share, target in (("p_easy", seen["easy"], cfg.greso_target / 3),
+                                    ("p_hard", seen["hard"], 2 * cfg.greso_target / 3)):
+            step = -0.01 if share / seen["sampled"] >= target else 0.01
+            state[name] = round(min(max(state[name] + step, 0.05), 0.95), 6)
+    return batch
 
 
 def informative(batch, j: int) -> bool:
@@ -74,7 +140,7 @@ def informative(batch, j: int) -> bool:
     return bool((rewards != rewards[0]).any())
 
 
-def max_variance_down_sampling(cfg, sample):
+def max_variance_down_sampling(cfg, sample, state):
     """PODS with max-variance down-sampling (arXiv 2504.13818): sample --pods-samples n answers
     to each of the iteration's prompts and update on the m = --samples-per-prompt of each prompt
     whose rewards have the largest variance. The best subset is the k highest rewards and the
@@ -148,4 +214,5 @@ def concatenate(parts: list):
         responses=[r for p in parts for r in p.responses])
 
 
-RULES = {"none": every_episode, "dapo": dynamic_sampling, "pods": max_variance_down_sampling}
+RULES = {"none": every_episode, "dapo": dynamic_sampling, "pods": max_variance_down_sampling,
+         "greso": selective_rollouts}

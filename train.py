@@ -54,7 +54,7 @@ from reward import reward_fn
 from rollout import Rollouts, encode_pairs, generate_rollouts, old_and_ref_logprobs, token_logprobs
 from selection import RULES
 from rundir import (append_jsonl, commit_iteration, last_good_checkpoint_on_fault, open_run, restore_run,
-                    unlock_run_dir, write_atomic)
+                    selection_state, unlock_run_dir, write_atomic)
 from sft import sft_iteration, sft_term
 from tasks import load_task, make_prompt
 
@@ -67,13 +67,14 @@ from tasks import load_task, make_prompt
 # `dist` is SINGLE and those calls do nothing.
 
 def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_examples, val_seqs, timer,
-                  dist: Single = SINGLE) -> Buffer:
+                  selection: dict, dist: Single = SINGLE) -> Buffer:   # selection: the --selection rule's state
     """One I-PPO iteration, the algorithm box of the paper, on this rank's share of the prompts.
     Returns its Buffer, from which logbook.iteration_records makes the run's records."""
     passes = passes_for(it, cfg, dist)   # how each pass below computes (the definitions, or --speedups)
     # The samples and their rewards, in the Buffer that each phase below adds its part to; which
     # prompts are sampled and which episodes go on is the --selection rule's (selection.py).
-    buf = RULES[cfg.selection](cfg, lambda k, n: sample(it, k, n, cfg, policy, tokenizer, train_examples, timer, dist))
+    buf = RULES[cfg.selection](cfg, lambda k, n, keep=None: sample(it, k, n, cfg, policy, tokenizer, train_examples,
+                                                                    timer, dist, keep), selection)
     passes.old_policy(policy, buf.rollouts, timer)   # log pi_old, V_old (and log pi_ref at beta > 0)
     require_finite(it, "rollout", old_logprobs=buf.rollouts.old_logprobs, values=buf.rollouts.values,
                    ref_logprobs=buf.rollouts.ref_logprobs)
@@ -94,11 +95,12 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
     return buf
 
 
-def sample(it: int, k: int, n: int, cfg: Config, policy, tokenizer, train_examples, timer, dist: Single = SINGLE) -> Buffer:
+def sample(it, k, n, cfg: Config, policy, tokenizer, train_examples, timer, dist=SINGLE, keep=None) -> Buffer:
     """n responses to each of round k's training prompts of iteration `it` (draws.iteration_prompts: k = 0 the
     iteration's own; k > 0 a selection rule's further ones), sampled at --temperature, with their rewards R_i
-    (after any planted flip)."""
-    examples = iteration_prompts(train_examples, it, k, cfg)[slice(*dist.span(cfg.prompts_per_iter))]  # this rank's share
+    (after any planted flip). `keep(examples)`: the ones of them to sample, a rule's choice (selection.py)."""
+    # this rank's share of round k's prompts (all of them in one process), those the rule keeps
+    examples = (keep or list)(iteration_prompts(train_examples, it, k, cfg)[slice(*dist.span(cfg.prompts_per_iter))])
     with timer("rollout"):
         rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples], n_samples=n,
                                      max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, batch_size=cfg.gen_batch_size,
@@ -150,8 +152,7 @@ def compute_advantages(cfg: Config, buf: Buffer, dist: Single = SINGLE):
         advantages = group_advantages(token_rewards.sum(-1), prompts)[:, None] * mask                      # (N, T)
         return advantages, torch.zeros_like(mask), kl, advantages
     advantages, returns = gae(token_rewards, rollouts.values, mask, cfg.gamma, cfg.lam)
-    whitened = whiten(advantages, mask, reduce_sum=dist.sum, std_floor=cfg.adv_std_floor)
-    return whitened, returns, kl, advantages
+    return whiten(advantages, mask, reduce_sum=dist.sum, std_floor=cfg.adv_std_floor), returns, kl, advantages
 
 
 def select_episodes(it, cfg: Config, policy, buf: Buffer, val_seqs, passes, dist: Single = SINGLE):
@@ -371,6 +372,7 @@ def train_loop(cfg: Config, start: int, run_dir: Path, policy, tokenizer, optimi
     """Iterations start..--iterations: the algorithm, its records, the evaluations when due, and
     a commit of each iteration to the run directory (rundir.commit_iteration)."""
     dtype = next(policy.lm.parameters()).dtype
+    selection = selection_state(run_dir) if start else {}   # the --selection rule's state (GRESO's prompt history)
     for it in range(start, cfg.iterations):
         timer = Timer()
         if cfg.algo == "sft":
@@ -378,7 +380,7 @@ def train_loop(cfg: Config, start: int, run_dir: Path, policy, tokenizer, optimi
             metrics, episodes = sft_iteration(it, cfg, policy, tokenizer, optimizer, sft_examples, timer,
                                               passes_for(it, cfg, dist), dist)
         else:
-            buf = ppo_iteration(it, cfg, policy, tokenizer, optimizer, data.train, val_seqs, timer, dist)
+            buf = ppo_iteration(it, cfg, policy, tokenizer, optimizer, data.train, val_seqs, timer, selection, dist)
             metrics, episodes = iteration_records(it, cfg, buf, dtype, dist)
         stop = cfg.stop_below_kept > 0 and metrics.get("kept_fraction", 1.0) < cfg.stop_below_kept
         if evaluation_due(cfg, it, stop):
@@ -387,7 +389,7 @@ def train_loop(cfg: Config, start: int, run_dir: Path, policy, tokenizer, optimi
         metrics["seconds"] = dict(timer.seconds)   # rank 0's
         say(log_line(it, cfg, metrics, timer.seconds), flush=True)
         if dist.is_main:
-            commit_iteration(run_dir, it, cfg, metrics, episodes, policy, optimizer)
+            commit_iteration(run_dir, it, cfg, metrics, episodes, policy, optimizer, selection)
             if cfg.plots and "eval_accuracy" in metrics and it + 1 < cfg.iterations:
                 write_plots(run_dir)     # the curve so far, for whoever opens plots.png mid-run
         if stop:
@@ -408,18 +410,18 @@ class Data:
 
 
 def load_data(cfg: Config) -> Data:
-    """Our choice: the validation set is the last --val-size rows of the training split, the
-    same for every seed, and never used as a training prompt. --eval-split dev holds out the
-    --eval-limit rows before it too, which neither the update nor g_val sees."""
+    """Our choice: g_val's validation set is the last --val-size training rows, never a training
+    prompt; --eval-split dev holds out the --eval-limit rows before them too, which neither the
+    update nor g_val sees; --train-pool K trains on the first K of the rest."""
     difficulty = {"arith_digits": cfg.arith_digits, "arith_terms": cfg.arith_terms}
-    train_task = load_task(cfg.dataset, "train", cfg.data_source, **difficulty)
-    test_task = load_task(cfg.dataset, "test", cfg.data_source, **difficulty)
+    train_task, test_task = (load_task(cfg.dataset, split, cfg.data_source, **difficulty) for split in ("train", "test"))
     check_against_data(cfg, len(train_task.examples))
     train, val = train_task.examples[:-cfg.val_size], train_task.examples[-cfg.val_size:]
     if cfg.eval_split == "dev":
         train, evaluated = train[:-cfg.eval_limit], train[-cfg.eval_limit:]
     else:
         evaluated = (test_task.examples if cfg.eval_split == "test" else val)[:cfg.eval_limit]
+    train = train[:cfg.train_pool or None]
     eval_source = {"test": test_task.source, "dev": "held-out training rows (before the validation rows)",
                    "val": "the validation rows"}[cfg.eval_split]
     record = {"train": train_task.source, "test": test_task.source, "val_rows": [e.where for e in val],

@@ -9,7 +9,8 @@ import draws
 import train
 from config import Config, check_against_ranks, parse_config
 from rollout import Rollouts
-from selection import RULES, concatenate, dynamic_sampling, every_episode, max_variance_down_sampling, max_variance_subset
+from selection import (RULES, dynamic_sampling, every_episode, max_variance_down_sampling, max_variance_subset,
+                       selective_rollouts)
 from test_train import SMALL, comparable, metrics, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py
 def hand_made_sampler(rounds: list[list[list[float]]], calls: list):
     """sample(k, n) for selection rules: round k's prompt j gets the rewards rounds[k][j] (n of
     them). Responses are 2 + k tokens wide and prompts 3 + k, so that joining rounds pads."""
-    def sample(k, n):
+    def sample(k, n, keep=None):
         calls.append((k, n))
         groups = rounds[k]
         assert all(len(g) == n for g in groups)
@@ -35,7 +36,7 @@ def hand_made_sampler(rounds: list[list[list[float]]], calls: list):
 
 def test_the_template_takes_the_iterations_own_prompts_and_every_episode():
     calls = []
-    buf = every_episode(Config(samples_per_prompt=2), hand_made_sampler([[[1, 0], [0, 0]]], calls))
+    buf = every_episode(Config(samples_per_prompt=2), hand_made_sampler([[[1, 0], [0, 0]]], calls), {})
     assert calls == [(0, 2)] and buf.examples == ["round 0 prompt 0", "round 0 prompt 1"] and len(buf.rollouts) == 4
     assert RULES["none"] is every_episode
 
@@ -46,7 +47,7 @@ def test_dapo_keeps_the_groups_whose_rewards_differ_and_refills_from_later_round
               [[1, 0], [0, 1], [1, 0]],            # round 2: all three, one is needed
               [[1, 0], [1, 0], [1, 0]]]            # never sampled: the batch is full after round 2
     calls = []
-    buf = dynamic_sampling(Config(prompts_per_iter=3, samples_per_prompt=2, dapo_rounds=3), hand_made_sampler(rounds, calls))
+    buf = dynamic_sampling(Config(prompts_per_iter=3, samples_per_prompt=2, dapo_rounds=3), hand_made_sampler(rounds, calls), {})
     assert calls == [(0, 2), (1, 2), (2, 2)]
     assert buf.examples == ["round 0 prompt 1", "round 1 prompt 1", "round 2 prompt 0"]
     assert buf.rewards.tolist() == [1, 0, 0, 1, 1, 0]
@@ -64,15 +65,15 @@ def test_dapo_keeps_the_groups_whose_rewards_differ_and_refills_from_later_round
 def test_dapo_stops_after_its_rounds_with_what_it_found_and_falls_back_when_it_found_nothing():
     calls = []
     found = dynamic_sampling(Config(prompts_per_iter=3, samples_per_prompt=2, dapo_rounds=1),
-                             hand_made_sampler([[[1, 1], [1, 0], [0, 0]], [[0, 0], [0, 0], [1, 1]]], calls))
+                             hand_made_sampler([[[1, 1], [1, 0], [0, 0]], [[0, 0], [0, 0], [1, 1]]], calls), {})
     assert calls == [(0, 2), (1, 2)] and found.examples == ["round 0 prompt 1"]
     calls = []
     none = dynamic_sampling(Config(prompts_per_iter=2, samples_per_prompt=2, dapo_rounds=2),
-                            hand_made_sampler([[[1, 1], [0, 0]], [[0, 0], [0, 0]], [[1, 1], [1, 1]]], calls))
+                            hand_made_sampler([[[1, 1], [0, 0]], [[0, 0], [0, 0]], [[1, 1], [1, 1]]], calls), {})
     assert len(calls) == 3 and none.examples == ["round 0 prompt 0", "round 0 prompt 1"]   # the iteration's own batch
     assert none.generated_tokens == 4 * 2 + 4 * 3 + 4 * 4
     zero_rounds = dynamic_sampling(Config(prompts_per_iter=2, samples_per_prompt=2, dapo_rounds=0),
-                                   hand_made_sampler([[[1, 0], [0, 0]]], calls := []))
+                                   hand_made_sampler([[[1, 0], [0, 0]]], calls := []), {})
     assert calls == [(0, 2)] and zero_rounds.examples == ["round 0 prompt 0"]
 
 
@@ -97,7 +98,7 @@ def test_max_variance_subset_breaks_ties_by_the_smallest_k_and_one_stable_sort()
 def test_pods_samples_n_and_keeps_the_m_of_largest_variance_per_prompt():
     calls = []
     rounds = [[[1, 1, 1, 0], [0, 0, 1, 0], [1, 1, 1, 1]]]
-    buf = max_variance_down_sampling(Config(samples_per_prompt=2, pods_samples=4), hand_made_sampler(rounds, calls))
+    buf = max_variance_down_sampling(Config(samples_per_prompt=2, pods_samples=4), hand_made_sampler(rounds, calls), {})
     assert calls == [(0, 4)]
     assert buf.rollouts.prompt_index == [0, 0, 1, 1, 2, 2] and buf.rewards.tolist() == [1, 0, 0, 1, 1, 1]
     assert buf.rollouts.responses[:4] == ["round 0 prompt 0 answer 0", "round 0 prompt 0 answer 3",
@@ -159,6 +160,9 @@ def test_a_run_of_each_rule_resumes_exactly(tiny_dir, tmp_path, flags):
     (["--influence", "off", "--dapo-rounds", "2"], "--dapo-rounds: does nothing with --selection none"),
     (["--influence", "off", "--selection", "dapo", "--pods-samples", "9"], "--pods-samples: does nothing"),
     (["--influence", "off", "--selection", "dapo", "--dapo-rounds", "-1"], "--dapo-rounds"),
+    (["--influence", "off", "--selection", "dapo", "--greso-target", "0.3"], "--greso-target: does nothing"),
+    (["--influence", "off", "--selection", "greso", "--greso-target", "1.5"], "--greso-target"),
+    (["--train-pool", "-1"], "--train-pool"),
 ])
 def test_a_rule_that_makes_no_sense_is_refused(argv, named):
     with pytest.raises(SystemExit, match=named):
@@ -194,3 +198,75 @@ def test_a_run_with_shuffled_weights_logs_ippos_kept_set(tiny_dir, tmp_path):
 def test_shuffled_weights_without_ippos_weights_are_refused(argv):
     with pytest.raises(SystemExit, match="--shuffle-weights"):
         parse_config(argv)
+
+
+class Prompt:
+    def __init__(self, where):
+        self.where = where
+
+
+def greso_sampler(pool: list, outcome, calls: list):
+    """sample(k, n, keep) for GRESO: every round offers the prompts `pool`; a prompt's n rewards
+    are all 1, all 0 or mixed as outcome(where) says ("right", "wrong", "mixed")."""
+    def sample(k, n, keep=None):
+        examples = keep(list(pool)) if keep else list(pool)
+        calls.append([e.where for e in examples])
+        rewards = {"right": [1.0] * n, "wrong": [0.0] * n, "mixed": [1.0] + [0.0] * (n - 1)}
+        rounds = [[rewards[outcome(e.where)] for e in examples]]
+        buf = hand_made_sampler(rounds, [])(0, n)
+        buf.examples = examples
+        return buf
+    return sample
+
+
+def test_greso_never_skips_a_new_prompt_and_keeps_each_prompts_streaks():
+    pool = [Prompt(w) for w in ("a", "b", "c")]
+    outcome = {"a": "right", "b": "wrong", "c": "mixed"}.get
+    state, calls = {}, []
+    cfg = Config(prompts_per_iter=3, samples_per_prompt=2, dapo_rounds=0, greso_target=0.25)
+    selective_rollouts(cfg, greso_sampler(pool, outcome, calls), state)
+    assert calls == [["a", "b", "c"]]                                        # nothing seen: nothing skipped
+    assert state["streaks"] == {"a": [1, 0], "b": [0, 1], "c": [0, 0]}
+    assert (state["sampled"], state["skipped"], state["iterations"]) == (3, 0, 1)
+    assert (state["p_easy"], state["p_hard"]) == (0.5, 0.5) and not state["adapting"]   # no prompt met twice yet
+
+
+def test_greso_skips_with_probability_one_minus_p_to_the_streak():
+    pool = [Prompt(f"p{i}") for i in range(4000)]
+    state = {"streaks": {f"p{i}": [2, 0] if i % 2 else [0, 3] for i in range(4000)}, "p_easy": 0.5, "p_hard": 0.8}
+    calls = []
+    cfg = Config(prompts_per_iter=4000, samples_per_prompt=2, dapo_rounds=0)
+    selective_rollouts(cfg, greso_sampler(pool, lambda w: "mixed", calls), state)
+    sampled = set(calls[0])
+    easy_kept = sum(f"p{i}" in sampled for i in range(1, 4000, 2)) / 2000          # 0.5^2 = 0.25 kept
+    hard_kept = sum(f"p{i}" in sampled for i in range(0, 4000, 2)) / 2000          # 0.8^3 = 0.512 kept
+    assert abs(easy_kept - 0.25) < 0.04 and abs(hard_kept - 0.512) < 0.04
+    assert state["skipped"] == 4000 - len(sampled)
+    assert all(state["streaks"][w] == [0, 0] for w in sampled)                     # mixed answers end a streak
+
+
+def test_greso_moves_p_towards_its_targets_within_bounds_and_never_samples_nothing():
+    pool = [Prompt(w) for w in ("a", "b")]
+    state, calls = {"streaks": {"a": [1, 0]}, "p_easy": 0.5, "p_hard": 0.05}, []
+    cfg = Config(prompts_per_iter=2, samples_per_prompt=2, dapo_rounds=0, greso_target=0.3)
+    selective_rollouts(cfg, greso_sampler(pool, lambda w: "right", calls), state)
+    # "a" was met before: p moves. All-right share 1 >= 0.1: p_easy down; all-wrong share 0 < 0.2: p_hard up
+    assert state["adapting"] and (state["p_easy"], state["p_hard"]) == (0.49, 0.06)
+    state = {"streaks": {"a": [50, 0], "b": [50, 0]}, "p_easy": 0.05, "p_hard": 0.95, "adapting": True}
+    for _ in range(5):   # streaks of 50: skipped with probability 0.99, yet a round is never empty
+        calls = []
+        selective_rollouts(cfg, greso_sampler(pool, lambda w: "right", calls), state)
+        assert len(calls[0]) >= 1
+    assert state["p_easy"] == 0.05 and state["p_hard"] == 0.95                      # the bounds hold
+
+
+def test_a_greso_run_on_a_small_pool_resumes_exactly_with_its_history(tiny_dir, tmp_path):
+    flags = ["--influence", "off", "--eval-every", "0", "--selection", "greso", "--train-pool", "3", "--dapo-rounds", "1",
+             "--reward-noise", "0.5"]
+    full = run(tiny_dir, tmp_path / "full", "--iterations", "4", *flags)
+    part = run(tiny_dir, tmp_path / "part", "--iterations", "2", *flags)
+    train.main(["--resume", str(part), "--iterations", "4", "--no-progress"])
+    assert [comparable(r) for r in metrics(full)] == [comparable(r) for r in metrics(part)]
+    assert (full / "episodes.jsonl").read_text() == (part / "episodes.jsonl").read_text()
+    state = lambda d: json.loads((d / "checkpoints" / "iter_000004" / "state.json").read_text())["selection"]  # noqa: E731
+    assert state(full) == state(part) and state(full)["iterations"] == 4 and len(state(full)["streaks"]) == 3
