@@ -176,6 +176,8 @@ class Config:
     trust_remote_code: bool = flag(False, "allow a hub model to run its own code (off unless asked)")
     progress: bool = flag(True, "tqdm progress bars (--no-progress to hide)")
     plots: bool = flag(True, "write plots.png and report.html into the run directory at the end (--no-plots to skip)")
+    tensorboard: bool = flag(True, "write every metric as TensorBoard event files into the run directory "
+                             "(tensorboard/) as it is logged, when the optional tensorboard package is installed")
 
     def validate(self) -> None:
         """Refuse nonsense at start, naming the flag. (Flags that must fit the model or the data

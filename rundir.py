@@ -1,6 +1,8 @@
 """The run directory: crash-safe commits of each iteration, checkpoints, resume.
 
-A run directory holds config.json, data.json, metrics.jsonl, episodes.jsonl and checkpoints/.
+A run directory holds config.json, data.json, metrics.jsonl, episodes.jsonl and checkpoints/,
+and tensorboard/ (every metric as TensorBoard event files, written after each commit when the
+optional tensorboard package is installed: `tensorboard --logdir runs` shows the curves live).
 commit_iteration writes an iteration in this order:
   1. its records are appended to episodes.jsonl and metrics.jsonl, and fsynced;
   2. its checkpoint is written into checkpoints/.tmp_iter_N, every file fsynced;
@@ -21,6 +23,8 @@ Public:
     open_run_dir(cfg) -> Path            create (or reopen with --resume), lock, write config.json
     lock_run_dir(run_dir), unlock_run_dir(run_dir)   one writing process per run directory
     commit_iteration(run_dir, it, cfg, metrics, episodes, policy, optimizer) -> checkpoint
+    record_start(run_dir, cfg, metrics)  the evaluation before the first iteration, as row 0
+    board_scalars(run_dir, step, metrics)   the iteration's numbers into tensorboard/ (if installed)
     restore_run(run_dir, keep, policy, optimizer) -> completed iterations (--resume)
     latest_checkpoint(run_dir), resolve_checkpoint(path, flag), load_checkpoint(run_dir, ...)
     checkpoint_problems(dir) -> ["file: what is wrong"], from checksums.json (written last)
@@ -261,7 +265,7 @@ def commit_iteration(run_dir: Path, it: int, cfg: Config, metrics: dict, episode
         with writing("metrics.jsonl"):
             append_jsonl(run_dir / "metrics.jsonl", [{"iteration": it + 1, **metrics}])
         fs_step("appended metrics.jsonl")
-        return save_checkpoint(run_dir, it + 1, cfg, policy, optimizer, selection)
+        checkpoint = save_checkpoint(run_dir, it + 1, cfg, policy, optimizer, selection)
     except WriteFailed as failed:
         latest = latest_checkpoint(run_dir)
         committed = (f"the last committed checkpoint, {latest}, is intact" if latest else
@@ -269,6 +273,45 @@ def commit_iteration(run_dir: Path, it: int, cfg: Config, metrics: dict, episode
         raise SystemExit(f"[error] iteration {it + 1}: writing {failed.what} in {run_dir} failed: {failed.reason}. "
                          f"Nothing is lost: {committed}. Once the cause is fixed (free disk space, say), continue "
                          f"with: python train.py --resume {run_dir}") from None
+    if cfg.tensorboard:
+        board_scalars(run_dir, it + 1, metrics)
+    return checkpoint
+
+
+def record_start(run_dir: Path, cfg: Config, metrics: dict) -> None:
+    """The evaluation before the first iteration: metrics.jsonl's row 0 (and TensorBoard's step 0)."""
+    append_jsonl(run_dir / "metrics.jsonl", [{"iteration": 0, **metrics}])
+    if cfg.tensorboard:
+        board_scalars(run_dir, 0, metrics)
+
+
+_boards: dict = {}   # run directory -> its SummaryWriter (None: tensorboard is not installed)
+
+
+def board_scalars(run_dir: Path, step: int, metrics: dict) -> None:
+    """Every number of an iteration's metrics (nested ones as "seconds/rollout") as TensorBoard
+    scalars at `step`, in run_dir/tensorboard/, flushed at once so that the curves are live. The
+    first write of a process purges the events from `step` on, which a crashed attempt left
+    (resumed runs log each step once). Optional: without the tensorboard package nothing is
+    written, and a failed write only warns: the records above are the run's own."""
+    key = str(Path(run_dir).resolve())
+    if key not in _boards:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+            _boards[key] = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=step)
+        except ImportError:
+            _boards[key] = None
+    board = _boards[key]
+    if board is None:
+        return
+    try:
+        for name, value in metrics.items():
+            for tag, number in (value.items() if isinstance(value, dict) else [("", value)]):
+                if isinstance(number, (int, float)) and not isinstance(number, bool):
+                    board.add_scalar(f"{name}/{tag}" if tag else name, number, step)
+        board.flush()
+    except OSError as err:
+        print(f"[tensorboard] warning: could not write {run_dir}/tensorboard: {err}", file=sys.stderr)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

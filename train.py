@@ -53,7 +53,7 @@ from report import write_plots, write_report
 from reward import reward_fn
 from rollout import Rollouts, encode_pairs, generate_rollouts, old_and_ref_logprobs, token_logprobs
 from selection import RULES
-from rundir import (append_jsonl, commit_iteration, last_good_checkpoint_on_fault, open_run, restore_run,
+from rundir import (commit_iteration, last_good_checkpoint_on_fault, open_run, record_start, restore_run,
                     selection_state, unlock_run_dir, write_atomic)
 from sft import sft_iteration, sft_term
 from tasks import load_task, make_prompt
@@ -354,7 +354,7 @@ def main(argv=None) -> Path:
     if start == 0 and cfg.eval_every:
         m = run_eval(cfg, policy, tokenizer, data.eval, dist)
         if dist.is_main:
-            append_jsonl(run_dir / "metrics.jsonl", [{"iteration": 0, **m}])
+            record_start(run_dir, cfg, m)
         say(start_line(cfg, m))
     with last_good_checkpoint_on_fault(run_dir):
         train_loop(cfg, start, run_dir, policy, tokenizer, optimizer, data, val_seqs, say, dist)
