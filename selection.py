@@ -87,11 +87,12 @@ def selective_rollouts(cfg, sample, state):
     State (checkpointed): each prompt's streaks [all right, all wrong] by its row (`where`),
     p_easy, p_hard, the iterations done, and the prompts skipped and sampled so far (the
     rollouts saved: state["skipped"] / (state["skipped"] + state["sampled"])).
-    Our choices: when every prompt of a round is drawn to be skipped, its first is sampled all the
-    same (the code moves on to the next batch: ours would spend a round on nothing); "all right" is every reward of the group above 0 and "all wrong" every reward
-    at most 0 (the code's 0.98 and 0.11 thresholds on a mean reward in [0, 1]); p starts to move
-    once some prompt is sampled a second time (the code: after the first epoch); the skip draws
-    come from (seed, iteration); advantages are the recipe's GAE (the paper: GRPO's)."""
+    Our choices: when every prompt of a round is drawn to be skipped, its first is sampled all
+    the same (the code moves on to the next batch: ours would spend a round on nothing); "all
+    right" is every reward of the group above 0 and "all wrong" every reward at most 0 (the
+    code's 0.98 and 0.11 thresholds on a mean reward in [0, 1]); p starts to move once some
+    prompt is sampled a second time (the code: after the first epoch); the skip draws come from
+    (seed, iteration); advantages are the recipe's GAE (the paper: GRPO's)."""
     state.setdefault("p_easy", 0.5), state.setdefault("p_hard", 0.5), state.setdefault("streaks", {})
     draw = torch.Generator().manual_seed(derived_seed(cfg.seed, state.setdefault("iterations", 0), SKIPS))
     seen = {"easy": 0, "hard": 0, "sampled": 0, "skipped": 0, "repeat": False}
@@ -149,9 +150,9 @@ def max_variance_down_sampling(cfg, sample, state):
 
     Our choices: ties in the variance go to the smallest k, ties between equal rewards follow one
     stable ascending sort (the lowest part takes the earliest sampled, the highest the latest);
-    advantages are the recipe's GAE over the kept answers (the paper:
-    GRPO's over the kept subset; --advantage grpo); PODS samples n / m times PPO's tokens an
-    iteration (the token budget counts them all)."""
+    advantages are the recipe's GAE over the kept answers (the paper: GRPO's over the kept
+    subset; --advantage grpo); PODS samples n / m times PPO's tokens an iteration (the token
+    budget counts them all)."""
     batch = sample(0, cfg.pods_samples)
     index = torch.as_tensor(batch.rollouts.prompt_index)
     keep = []
