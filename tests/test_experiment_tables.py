@@ -64,3 +64,18 @@ def test_rollout_selection_judges_each_rule_at_both_budgets():
     assert "| PODS max-variance down-sampling | 0, 1, 2 | -14.000 ± 2.484 (behind)" in tokens     # iteration 70
     # time to PPO's final mean em (0.5): PPO at iteration 150 x 1.0 s; PODS's mean curve at 140 x 1.5 s
     assert "| 1.00 | 1.00 |" in steps and "| 1.50 | 1.40 |" in steps
+
+
+def test_rollout_selection_reports_the_small_pool_in_a_table_of_its_own():
+    rules = load("rollout-selection", "compare_rules")
+    ramp = [0.2 + 0.02 * k for k in range(16)]
+    records = [fake_record("ppo", s, ramp, 100) for s in range(2)]
+    for s in range(2):
+        records += [dict(fake_record("ppo", s, [e - 0.05 for e in ramp], 100), phase="pool", name=f"pool-ppo-{s}"),
+                    dict(fake_record("greso", s, [e - 0.05 + 0.01 * s for e in ramp], 80), phase="pool",
+                         name=f"pool-greso-{s}", saved=0.2 + 0.1 * s)]
+    text = rules.report(rules.token_budget_results(records), {})
+    pool = text[text.index("the first 480 training prompts"):]
+    assert "the recipe's prompts" in text[:text.index("the first 480 training prompts")]
+    assert "| GRESO selective rollouts | 0, 1 |" in pool and "0.250 ± 0.635 |" in pool     # rollouts saved
+    assert "| GRESO selective rollouts | 0, 1 | 0.500 ± 6.353 (no difference shown)" in pool     # minus PPO on the pool

@@ -7,6 +7,7 @@ beside this file, before the first run. Phases:
             learning rate; seeds 0-1; the rule: highest mean dev em over iterations 50-150
     test    the test split (500 problems): every arm, seeds 0-4, reward noise 0
     noise   PPO, I-PPO and the better of DAPO and PODS at noise 0, at --reward-noise 0.2
+    pool    GRESO beside PPO, I-PPO and DAPO on the first 480 training prompts (--train-pool 480)
     cost    each arm alone on one core, 8 iterations: seconds per iteration (costs.json)
 
 Every run is train.py on configs/tiny.toml in a process of its own, one thread, PARALLEL at a
@@ -63,7 +64,10 @@ ARMS = {
     "pods": ("PODS max-variance down-sampling", ["--influence", "off", "--selection", "pods"]),
     "ppo-sft": ("PPO + SFT term on the validation solutions", ["--influence", "off", "--sft-coef", "1",
                                                                "--sft-batch-size", "32"]),
+    "greso": ("GRESO selective rollouts", ["--influence", "off", "--selection", "greso"]),
 }
+RECIPE_ARMS = [arm for arm in ARMS if arm != "greso"]      # GRESO runs on the small pool only
+POOL, POOL_ARMS = ["--train-pool", "480"], ["ppo", "ippo", "dapo", "greso"]
 TUNED = ("dapo", "pods", "dtv")
 VALIDATION_ARMS = ("ippo", "binary", "random", "shuffled")   # judged against PPO + SFT too
 NOISE = 0.2
@@ -75,6 +79,7 @@ FINAL_EVAL = ["--dataset", "arith", "--arith-terms", "3", "--metrics", "em,maj@8
 # ----------------------------------------------------------------------------- the runs
 
 def job(out: Path, phase: str, arm: str, seed: int, flags: list[str], setting: str = "", noise: float = 0.0) -> dict:
+    """One train.py run; `phase` names its folder and its records (tune, test or pool)."""
     name = f"{phase}-{arm}{'-' + setting if setting else ''}{f'-noise{noise}' if noise else ''}-seed{seed}"
     noisy = ["--reward-noise", str(noise)] if noise else []
     return {"name": name, "arm": arm, "seed": seed, "phase": phase, "setting": setting, "noise": noise,
@@ -101,17 +106,19 @@ def chosen_lr(records: list[dict]) -> dict[str, str]:
     return picks
 
 
-def test_jobs(out: Path, records: list[dict], noise: float = 0.0) -> list[dict]:
-    """The test-split runs of every arm whose settings are known, seed by seed."""
+def test_jobs(out: Path, records: list[dict], noise: float = 0.0, phase: str = "test") -> list[dict]:
+    """The test-split runs of every arm whose settings are known, seed by seed (phase "pool":
+    the pool's arms on --train-pool 480; GRESO takes DAPO's learning rate)."""
     picks = chosen_lr(records)
-    arms = list(ARMS) if not noise else ["ppo", "ippo", best_new_rule(records)]
+    picks |= {"greso": picks["dapo"]} if "dapo" in picks else {}
+    arms = POOL_ARMS if phase == "pool" else RECIPE_ARMS if not noise else ["ppo", "ippo", best_new_rule(records)]
     jobs = []
     for s in TEST_SEEDS:
         for arm in arms:
-            if arm in TUNED and arm not in picks:
+            if arm in (*TUNED, "greso") and arm not in picks:
                 continue
-            lr = ["--lr", picks[arm]] if arm in TUNED else []
-            jobs.append(job(out, "test", arm, s, [*ARMS[arm][1], *lr], noise=noise))
+            lr = ["--lr", picks[arm]] if arm in picks else []
+            jobs.append(job(out, phase, arm, s, [*ARMS[arm][1], *lr, *(POOL if phase == "pool" else [])], noise=noise))
     return jobs
 
 
@@ -140,6 +147,7 @@ def measure_costs(out: Path, records: list[dict], iterations: int = 8) -> dict:
     iterations (no evaluation, seed 0, the test phase's settings), the median over iterations
     2.. of the phases' sum. Run it with nothing else on the machine."""
     picks, costs = chosen_lr(records), {}
+    picks |= {"greso": picks["dapo"]} if "dapo" in picks else {}
     for arm, (_, flags) in ARMS.items():
         lr = ["--lr", picks[arm]] if arm in picks else []
         run_dir = out / "cost" / arm
@@ -203,7 +211,9 @@ def summarize(job: dict) -> dict:
             curve[str(r["iteration"])] = [e["em"], e["faithful"], e["unfaithful"], tokens]
     evals = [r for r in rows if "eval_accuracy" in r]
     steps = at(evals[-1]) | {"maj8": maj8(job["run_dir"], ITERATIONS) if job["phase"] != "tune" else None}
-    return {"name": job["name"], "arm": job["arm"], "seed": job["seed"], "phase": job["phase"],
+    latest = (job["run_dir"] / "checkpoints" / "latest")
+    rule = json.loads((latest.parent / latest.read_text().strip() / "state.json").read_text()).get("selection", {})
+    return {"saved": rule["skipped"] / (rule["skipped"] + rule["sampled"]) if rule.get("sampled") else None,"name": job["name"], "arm": job["arm"], "seed": job["seed"], "phase": job["phase"],
             "setting": job["setting"], "noise": job["noise"], "machine": machine(), "code": code_version(),
             "run_dir": str(job["run_dir"]), "steps": steps, "tokens": None, "generated_tokens": tokens,
             "scored_mean": statistics.mean(r["eval_accuracy"] for r in evals if r["iteration"] in SCORED),
@@ -231,9 +241,9 @@ def token_budget_results(records: list[dict]) -> list[dict]:
     """Each test run's numbers at the matched token budget, once PPO's run of its seed and noise
     is recorded: its last evaluation whose generated tokens are at most PPO's 150 iterations'."""
     for r in records:
-        if r["phase"] != "test" or r["tokens"] is not None:
+        if r["phase"] == "tune" or r["tokens"] is not None:
             continue
-        ppo = [p for p in records if p["phase"] == "test" and p["arm"] == "ppo" and p["seed"] == r["seed"]
+        ppo = [p for p in records if p["phase"] == r["phase"] and p["arm"] == "ppo" and p["seed"] == r["seed"]
                and p["noise"] == r["noise"]]
         if not ppo:
             continue
@@ -266,10 +276,10 @@ def verdict(diffs: list[float]) -> str:
     return "ahead" if mean - half > 0 else "behind" if mean + half < 0 else "no difference shown"
 
 
-def seconds_to_reach(records: list[dict], arm: str, target: float, costs: dict) -> float | None:
-    """The arm's mean curve over seeds (noise 0): the first evaluation at which it reaches
+def seconds_to_reach(runs: list[dict], arm: str, target: float, costs: dict) -> float | None:
+    """The arm's mean curve over its seeds in `runs`: the first evaluation at which it reaches
     `target`, times the arm's seconds per iteration alone; None if never or no cost measured."""
-    runs = [r for r in records if r["phase"] == "test" and r["arm"] == arm and not r["noise"]]
+    runs = [r for r in runs if r["arm"] == arm]
     if not runs or arm not in costs:
         return None
     for i in sorted({int(k) for r in runs for k in r["curve"]}):
@@ -286,24 +296,26 @@ def report(records: list[dict], costs: dict) -> str:
     lines += [f"| {r['arm']} | {r['setting']} | {r['seed']} | {r['scored_mean']:.3f} |"
               for r in sorted(tune, key=lambda r: (r["arm"], r["setting"], r["seed"]))]
     lines += ["", "Chosen: " + (", ".join(f"{arm} --lr {lr}" for arm, lr in chosen_lr(records).items()) or "none yet")]
-    for noise in sorted({r["noise"] for r in records if r["phase"] == "test"}):
-        test = [r for r in records if r["phase"] == "test" and r["noise"] == noise]
+    groups = sorted({(r["phase"], r["noise"]) for r in records if r["phase"] != "tune"}, key=lambda g: (g[0] != "test", g))
+    for phase, noise in groups:
+        test = [r for r in records if r["phase"] == phase and r["noise"] == noise]
+        where = "the first 480 training prompts (--train-pool 480)" if phase == "pool" else "the recipe's prompts"
         ppo_final = [r["steps"]["em"] for r in test if r["arm"] == "ppo"]
         for budget, words in BUDGETS.items():
-            lines += ["", f"## Test split (500 problems), reward noise {noise}, {words}", "",
+            lines += ["", f"## Test split (500 problems), {where}, reward noise {noise}, {words}", "",
                       "| arm | seeds | em | faithful accuracy | unfaithful share | maj@8 | s/iteration alone | "
-                      "time to PPO's final em, over PPO's |", "|---|---|---|---|---|---|---|---|"]
-            ppo_time = seconds_to_reach(records, "ppo", statistics.mean(ppo_final), costs) if ppo_final and not noise else None
+                      "time to PPO's final em, over PPO's | rollouts saved |", "|---|---|---|---|---|---|---|---|---|"]
+            ppo_time = seconds_to_reach(test, "ppo", statistics.mean(ppo_final), costs) if ppo_final else None
             for arm, (name, _) in ARMS.items():
                 runs = [r for r in test if r["arm"] == arm and r[budget] is not None]
                 if not runs:
                     continue
-                reach = seconds_to_reach(records, arm, statistics.mean(ppo_final), costs) if ppo_time else None
+                reach = seconds_to_reach(test, arm, statistics.mean(ppo_final), costs) if ppo_time else None
                 ratio = "n/a" if not ppo_time else "not reached" if reach is None else f"{reach / ppo_time:.2f}"
                 cost = f"{costs[arm]:.2f}" if arm in costs else "n/a"
                 lines.append(f"| {name} | {', '.join(str(r['seed']) for r in runs)} | "
                              + " | ".join(mean_ci([r[budget][k] for r in runs]) for k in ("em", "faithful", "unfaithful", "maj8"))
-                             + f" | {cost} | {ratio} |")
+                             + f" | {cost} | {ratio} | {mean_ci([r.get('saved') for r in runs])} |")
             for against in ("ppo", "ppo-sft"):
                 base = {r["seed"]: r for r in test if r["arm"] == against and r[budget] is not None}
                 arms = [a for a in ARMS if a != against and (against == "ppo" or a in VALIDATION_ARMS)]
@@ -323,7 +335,7 @@ def report(records: list[dict], costs: dict) -> str:
                               "", "| arm | seeds | " + " | ".join(JUDGED.values()) + " |", "|---|---|---|---|", *rows]
     lines += ["", "Every run:", "", "| run | machine | code | em (150) | faithful (150) | tokens budget: iteration, em |",
               "|---|---|---|---|---|---|"]
-    for r in [r for r in records if r["phase"] == "test"]:
+    for r in [r for r in records if r["phase"] != "tune"]:
         t = r["tokens"]
         budget = "n/a" if t is None else f"{t['iteration']}, {t['em']:.3f}"
         lines.append(f"| {r['name']} | {r['machine']} | {r['code']} | {r['steps']['em']:.3f} | "
@@ -366,7 +378,7 @@ def figure(records: list[dict], path: Path) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/selection"), help="where the runs go")
-    parser.add_argument("--phase", choices=("tune", "test", "noise", "cost"), help="run this phase's unfinished runs "
+    parser.add_argument("--phase", choices=("tune", "test", "noise", "pool", "cost"), help="run this phase's unfinished runs "
                         "(cost: each arm alone on one core, into costs.json)")
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--hours", type=float, default=24.0, help="start no run after this many hours")
@@ -377,7 +389,8 @@ def main(argv=None) -> None:
     elif args.phase:
         records = read_records()
         jobs = {"tune": lambda: tune_jobs(args.out), "test": lambda: test_jobs(args.out, records),
-                "noise": lambda: test_jobs(args.out, records, noise=NOISE)}[args.phase]()
+                "noise": lambda: test_jobs(args.out, records, noise=NOISE),
+                "pool": lambda: test_jobs(args.out, records, phase="pool")}[args.phase]()
         run_all(jobs, args.parallel, time.time() + 3600 * args.hours, "selection", done=finished, on_finish=record)
         write_records(token_budget_results(read_records()))
     if args.report or not args.phase:
