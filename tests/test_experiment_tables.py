@@ -1,6 +1,7 @@
 """Each experiment's tables, regenerated from its records alone, are the ones committed beside
 them (the figures are drawn by the same code from the same records; matplotlib's bytes vary
 with its version, so the text is what is compared)."""
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ EXPERIMENTS = ROOT / "experiments"
 def load(folder: str, module: str):
     sys.path.insert(0, str(EXPERIMENTS / folder))
     try:
-        return __import__(module)
+        return importlib.import_module(module)
     finally:
         sys.path.pop(0)
 
