@@ -3,7 +3,8 @@
 A job is a dict: "name", "run_dir", "argv" (train.py's flags, without --iterations and
 --run-dir) and "iterations"; optionally "after", the name of a job it waits for. A finished
 run is left as it is, a started one resumes (compare.train_command), and a failed one is
-reported while the others go on. The experiments under experiments/ share this loop.
+reported while the others go on. The experiments under experiments/ share this loop, and
+machine() and code_version(), which every record names.
 """
 
 from __future__ import annotations
@@ -59,3 +60,18 @@ def run_all(jobs: list[dict], parallel: int, deadline: float, tag: str, done=fin
     if pending:
         print(f"[{tag}] {len(pending)} runs not started; run again to go on", file=sys.stderr)
     return failed
+
+
+def machine() -> str:
+    """The CPU model and core count, as each record names its machine."""
+    try:
+        name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        name = "unknown CPU"
+    return f"{name}, {os.cpu_count()} cores"
+
+
+def code_version() -> str:
+    """The short commit hash of the checkout the runs come from."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()

@@ -36,7 +36,7 @@ ROOT = HERE.parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "experiments")]
 
 from compare import half_width_95  # noqa: E402
-from runner import run_all  # noqa: E402
+from runner import code_version, machine, run_all  # noqa: E402
 
 RECORDS = HERE / "records.jsonl"
 ITERATIONS = 150
@@ -136,19 +136,6 @@ def finished(job: dict) -> bool:
 
 
 # ----------------------------------------------------------------------------- the records
-
-def machine() -> str:
-    try:
-        name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        name = "unknown CPU"
-    return f"{name}, {os.cpu_count()} cores"
-
-
-def code_version() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True).stdout.strip()
-
 
 def faithful(row: dict) -> float | None:
     """Faithful accuracy of one evaluation: correct answers with faithful reasoning, of all."""

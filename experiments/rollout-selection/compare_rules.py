@@ -40,7 +40,7 @@ ROOT = HERE.parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "experiments")]
 
 from compare import half_width_95  # noqa: E402
-from runner import run_all  # noqa: E402
+from runner import code_version, machine, run_all  # noqa: E402
 
 RECORDS, COSTS = HERE / "records.jsonl", HERE / "costs.json"
 ITERATIONS = 150
@@ -166,19 +166,6 @@ def measure_costs(out: Path, records: list[dict], iterations: int = 8) -> dict:
 
 
 # ----------------------------------------------------------------------------- the records
-
-def machine() -> str:
-    try:
-        name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        name = "unknown CPU"
-    return f"{name}, {os.cpu_count()} cores"
-
-
-def code_version() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True).stdout.strip()
-
 
 def maj8(run_dir: Path, iteration: int) -> float | None:
     """maj@8 of the adapters after `iteration`, by evaluate.py (cached in the run directory)."""
