@@ -68,11 +68,18 @@ class Config:
                           "answers' rewards differ, sample more prompts to refill), pods (PODS: sample --pods-samples "
                           "answers a prompt, keep the --samples-per-prompt of largest reward variance), greso (GRESO: "
                           "DAPO's sampling, prompts whose answers were all right or all wrong lately skipped before "
-                          "sampling)", choices=("none", "dapo", "pods", "greso"))
+                          "sampling), gradalign (GradAlign: of --gradalign-rounds batches of prompts, keep the "
+                          "--prompts-per-iter whose policy gradient is closest in cosine to that of the model's own "
+                          "answers to --gradalign-val validation problems)",
+                          choices=("none", "dapo", "pods", "greso", "gradalign"))
     dapo_rounds: int = flag(3, "--selection dapo, greso: at most this many further batches of prompts an iteration")
     greso_target: float = flag(0.25, "--selection greso: the share of zero-variance prompts its skip probabilities aim at")
     train_pool: int = flag(0, "train on the first K training rows only (0: all of them): a pool small enough that a run "
                            "meets each prompt many times, as GRESO's history needs")
+    gradalign_rounds: int = flag(2, "--selection gradalign: batches of --prompts-per-iter candidate prompts an "
+                                 "iteration, of which one batch's worth is kept")
+    gradalign_val: int = flag(32, "--selection gradalign: validation problems answered (--samples-per-prompt times "
+                              "each) for the validation gradient an iteration, a fresh draw each iteration")
     pods_samples: int = flag(8, "--selection pods: answers sampled per prompt (n), of which --samples-per-prompt are kept")
     score_against: str = flag("validation", "what each episode's gradient g_i is dotted with: validation (I-PPO: g_val, "
                               "the SFT gradient of the validation set); batch (DTV, arXiv 2609.35072: the mean g_j "
@@ -214,6 +221,8 @@ class Config:
         need(self.dapo_rounds >= 0, "dapo_rounds", "must be >= 0")
         need(0 < self.greso_target < 1, "greso_target", "must be a share in (0, 1)")
         need(self.train_pool >= 0, "train_pool", "must be >= 0 (0: every training row)")
+        need(self.gradalign_rounds >= 2, "gradalign_rounds", "must be >= 2 (one batch of candidates selects nothing)")
+        need(self.selection != "gradalign" or 1 <= self.gradalign_val <= self.val_size, "gradalign_val", f"must be in [1, --val-size {self.val_size}]")
         need(not (self.selection == "pods" and self.pods_samples <= self.samples_per_prompt), "pods_samples",
              f"must be more than --samples-per-prompt {self.samples_per_prompt} (PODS keeps that many of them)")
         need(0 <= self.val_subset <= self.val_size, "val_subset", f"must be in [0, --val-size {self.val_size}]")
@@ -339,6 +348,9 @@ def refuse_inert_flags(cfg: Config, given: set[str]) -> None:
         inert += [("dapo_rounds", f"--selection {cfg.selection}", "only DAPO and GRESO sample further prompts")]
     if cfg.selection != "greso":
         inert += [("greso_target", f"--selection {cfg.selection}", "only GRESO skips prompts")]
+    if cfg.selection != "gradalign":
+        inert += [(name, f"--selection {cfg.selection}", "only GradAlign aligns gradients")
+                  for name in ("gradalign_rounds", "gradalign_val")]
     if cfg.selection != "pods":
         inert += [("pods_samples", f"--selection {cfg.selection}", "only PODS down-samples")]
     if cfg.algo != "sft":

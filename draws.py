@@ -7,15 +7,15 @@ Public:
     iteration_prompts(examples, it, k, cfg)       round k's prompts (k > 0: a selection rule's further ones)
     planted_flips(cfg, it, n, rank)               --reward-noise: which episodes' rewards flip
     filter_draw(seed, it)                         the generator of --random-filter and --shuffle-weights
-    validation_rows(seed, it, k, n)               --val-subset: which k of the n validation solutions
+    validation_rows(seed, it, k, n)               --val-subset (and --gradalign-val): which k of the n validation rows
 """
 
 from __future__ import annotations
 
 import torch
 
-SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE, SFT_ROWS, VAL_ROWS, REFILL, SKIPS = 1, 2, 3, 4, 5, 6, 7, 8, 9
-ROUND = 10   # round k > 0 of a selection rule's sampling draws with purpose + ROUND * k  # the purposes of derived_seed's draws
+SAMPLING, FILTER, SHUFFLE, MINIBATCHES, NOISE, SFT_ROWS, VAL_ROWS, REFILL, SKIPS, VAL_SAMPLING = 1, 2, 3, 4, 5, 6, 7, 8, 9, 12
+ROUND = 10   # round k > 0 of a selection rule draws SAMPLING and NOISE + ROUND * k: no other purpose ends in 1 or 5
 
 
 def derived_seed(seed: int, iteration: int, purpose: int, rank: int = 0) -> int:
@@ -37,8 +37,9 @@ def batch_indices(n_examples: int, iteration: int, batch: int, seed: int, purpos
 def iteration_prompts(examples: list, it: int, k: int, cfg) -> list:
     """The training prompts of round k of iteration `it`: k = 0 the iteration's own batch; k >= 1
     a selection rule's further batches (selection.py), from a stream of their own, --dapo-rounds
-    batches an iteration, so that they take no later iteration's prompts."""
-    position, purpose = (it, SHUFFLE) if k == 0 else (it * cfg.dapo_rounds + k - 1, REFILL)
+    (--gradalign-rounds - 1) batches an iteration, so that they take no later iteration's prompts."""
+    further = cfg.gradalign_rounds - 1 if cfg.selection == "gradalign" else cfg.dapo_rounds
+    position, purpose = (it, SHUFFLE) if k == 0 else (it * further + k - 1, REFILL)
     return [examples[i] for i in batch_indices(len(examples), position, cfg.prompts_per_iter, cfg.seed, purpose)]
 
 

@@ -38,6 +38,7 @@ Public functions (the definitions; speedups.py computes the same scores in one p
     sft_nll(policy, seqs)                        -> (N,) summed NLL per example, (N,) token counts
     validation_gradient(policy, val_seqs, ...)   -> g_val, a flat (P,) fp32 vector
     episode_gradients(policy, rollouts, advantages, ...) -> (N, P), one backward pass per episode
+    group_gradients(policy, rollouts, advantages, ...)   -> (prompts, P), one per prompt (GradAlign's)
     influence_scores(episode_grads, g_val)       -> (N,) scores s_i
     loop_batch_scores(episode_grads, ...)    -> (N,) DTV's scores
     filter_and_reweight(scores)                  -> (keep (N,) bool, weights (N,))
@@ -104,6 +105,24 @@ def episode_gradients(policy, rollouts: Rollouts, advantages: torch.Tensor, *, c
         loss_i = policy_loss(logprobs, episode.old_logprobs, advantages[i:i + 1],
                              episode.response_mask, clip_eps)[0]
         rows.append(flat_gradient(torch.autograd.grad(loss_i, params, allow_unused=True), params))
+    return torch.stack(rows)
+
+
+def group_gradients(policy, rollouts: Rollouts, advantages: torch.Tensor, *, clip_eps: float,
+                    temperature: float) -> torch.Tensor:
+    """One policy gradient per prompt (train.py --selection gradalign): row j = grad over the LoRA
+    parameters of the mean of L_i over prompt j's episodes (rollouts.prompt_index), one backward
+    per prompt, at the current parameters. The mean of episode_gradients' rows of the prompt (tested).
+    advantages (N, T). Returns (prompts, P) fp32, prompts in the order of their first episode."""
+    params, index = lora_parameters(policy), torch.as_tensor(rollouts.prompt_index)
+    rows = []
+    for j in dict.fromkeys(rollouts.prompt_index):
+        members = torch.nonzero(index == j).squeeze(-1)
+        group = rollouts.select(members)
+        logprobs, _, _ = token_logprobs(policy, group, temperature)
+        loss = policy_loss(logprobs, group.old_logprobs, advantages[members.to(advantages.device)],
+                           group.response_mask, clip_eps).mean()
+        rows.append(flat_gradient(torch.autograd.grad(loss, params, allow_unused=True), params))
     return torch.stack(rows)
 
 

@@ -161,8 +161,7 @@ def sample(lm, prompt_ids, prompt_mask, *, n_samples: int, max_new_tokens: int, 
         done = done | torch.isin(token, eos)
         if bool(done.all()):
             break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        position = position + 1
+        mask, position = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1), position + 1
         out = lm(input_ids=token[:, None], attention_mask=mask, position_ids=position, cache=cache, use_cache=True)
         logits = out.logits[:, -1].float()
     return torch.stack(tokens, 1), torch.stack(logprobs, 1)
@@ -177,9 +176,7 @@ def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, 
 
     Sampling draws from torch's global RNG inside a forked RNG state seeded by `seed`, so a
     given (seed, policy) always gives the same episodes, and the caller's RNG is untouched."""
-    device = policy.device
-    eos_ids = eos_token_ids(tokenizer)
-    pad = tokenizer.pad_token_id
+    device, eos_ids, pad = policy.device, eos_token_ids(tokenizer), tokenizer.pad_token_id
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
     prompt_ids = prompt_ids.repeat_interleave(n_samples, 0).to(device)        # (N, P)
     prompt_mask = prompt_mask.repeat_interleave(n_samples, 0).to(device)      # (N, P)
@@ -193,8 +190,7 @@ def generate_rollouts(policy, tokenizer, prompts: list[str], *, n_samples: int, 
             rows = slice(s, s + per_call * n_samples, n_samples)             # each prompt once
             tokens, logprobs = sample(policy.lm, prompt_ids[rows], prompt_mask[rows], n_samples=n_samples,
                                       max_new_tokens=max_new_tokens, temperature=temperature, eos_ids=eos_ids, pad=pad)
-            generated += list(tokens.cpu())
-            sampler_lp += list(logprobs.cpu())
+            generated, sampler_lp = generated + list(tokens.cpu()), sampler_lp + list(logprobs.cpu())
     T = max(1, max(len(g) for g in generated))
     response_ids, truncated = torch.full((N, T), pad, dtype=torch.long), torch.zeros(N, dtype=torch.bool)
     response_mask, sampler_logprobs = torch.zeros(N, T), torch.zeros(N, T)

@@ -3,9 +3,9 @@
 A rule decides, before the advantages, which prompts are sampled (and whether more are) and
 which of the sampled episodes go on to the update. train.ppo_iteration calls it once:
 
-    rule(cfg, sample, state) -> train.Buffer
+    rule(cfg, sample, state, gradients) -> train.Buffer
 
-`sample(k, n, keep=None)` samples n responses to each prompt of round k of the iteration and
+`sample(k, n, keep=None, validation=False)` samples n responses to each prompt of round k of the iteration and
 rewards them: k = 0 is the iteration's own --prompts-per-iter prompts, where every rule starts;
 k >= 1 are further batches, from a stream of their own, so that a rule that asks for more takes
 no later iteration's (draws.iteration_prompts); k also seeds the sampler and the planted noise.
@@ -14,6 +14,10 @@ that skips some before spending rollouts on them). It returns a
 train.Buffer holding examples, rollouts (rollouts.prompt_index into examples), rewards, flipped
 and generated_tokens. A rule returns such a Buffer: the episodes the update learns from,
 `generated_tokens` counting every response token it sampled (dropped episodes included).
+With validation=True it samples
+--gradalign-val validation problems instead (their rewards never flipped). `gradients(buffer)`
+returns each prompt's policy gradient at theta_old, (prompts, P), with the recipe's advantages
+over that buffer (prompt_gradients; only GradAlign asks for it).
 `state` is the rule's own dict (JSON), kept from iteration to iteration and saved in every
 checkpoint, so that a resumed run goes on with it. Every draw comes from (seed, iteration,
 round): a resumed run draws the same.
@@ -28,6 +32,7 @@ every rule gets the recipe's GAE unless --advantage grpo is given.
     --selection dapo    dynamic_sampling: DAPO's dynamic sampling
     --selection pods    max_variance_down_sampling: PODS
     --selection greso   selective_rollouts: GRESO, prompts skipped by their reward history
+    --selection gradalign  gradient_alignment: GradAlign, prompts chosen by their gradient's cosine
 
 I-PPO's filter (--influence on) acts later, on the scores (train.select_episodes); the rules
 here replace it (config.py refuses both at once). To add a rule: copy every_episode, name it in
@@ -42,15 +47,17 @@ from dataclasses import replace
 import torch
 
 from draws import SKIPS, derived_seed
+from influence import group_gradients
+from rollout import old_and_ref_logprobs
 
 
-def every_episode(cfg, sample, state):
+def every_episode(cfg, sample, state, gradients=None):
     """The template rule, which selects nothing away: the iteration's own prompts,
     --samples-per-prompt responses each, every episode kept (plain PPO's batch, and I-PPO's)."""
     return sample(0, cfg.samples_per_prompt)
 
 
-def dynamic_sampling(cfg, sample, state, keep=None):
+def dynamic_sampling(cfg, sample, state, gradients=None, keep=None):
     """DAPO's dynamic sampling (arXiv 2503.14476, section 3.2 and Algorithm 1): a prompt's group
     of --samples-per-prompt answers is kept only if its rewards are not all equal (some but not
     all answers right: under GRPO such a group has zero advantage and teaches nothing), and
@@ -74,7 +81,7 @@ def dynamic_sampling(cfg, sample, state, keep=None):
     return replace(join_groups(kept) if kept else first, generated_tokens=generated)
 
 
-def selective_rollouts(cfg, sample, state):
+def selective_rollouts(cfg, sample, state, gradients=None):
     """GRESO (arXiv 2506.02177; its public code, Infini-AI-Lab/GRESO, for the details): DAPO's
     dynamic sampling, with prompts skipped before any rollout is spent on them. A prompt whose
     answers were all right the last c times in a row it was sampled is skipped with probability
@@ -122,7 +129,7 @@ def selective_rollouts(cfg, sample, state):
             seen["easy"], seen["hard"], seen["sampled"] = seen["easy"] + right, seen["hard"] + wrong, seen["sampled"] + 1
         return batch
 
-    batch = dynamic_sampling(cfg, record, state, keep)
+    batch = dynamic_sampling(cfg, record, state, keep=keep)
     state["iterations"] += 1
     state["skipped"] = state.get("skipped", 0) + seen["skipped"]
     state["sampled"] = state.get("sampled", 0) + seen["sampled"]
@@ -141,7 +148,7 @@ def informative(batch, j: int) -> bool:
     return bool((rewards != rewards[0]).any())
 
 
-def max_variance_down_sampling(cfg, sample, state):
+def max_variance_down_sampling(cfg, sample, state, gradients=None):
     """PODS with max-variance down-sampling (arXiv 2504.13818): sample --pods-samples n answers
     to each of the iteration's prompts and update on the m = --samples-per-prompt of each prompt
     whose rewards have the largest variance. The best subset is the k highest rewards and the
@@ -162,6 +169,54 @@ def max_variance_down_sampling(cfg, sample, state):
     keep = sorted(keep)
     return replace(batch, rollouts=batch.rollouts.select(keep), rewards=batch.rewards[torch.tensor(keep)],
                    flipped=[batch.flipped[i] for i in keep])
+
+
+def gradient_alignment(cfg, sample, state, gradients):
+    """GradAlign (arXiv 2602.21492; its public code, StigLidu/GradAlign, for the details): sample
+    --gradalign-rounds batches of candidate prompts, --samples-per-prompt answers each, and keep
+    the --prompts-per-iter candidates whose policy gradient has the largest cosine with the
+    validation gradient: the policy gradient of the model's own answers to --gradalign-val
+    validation problems (a fresh draw each iteration, rewarded against their gold answers).
+
+    How it differs from I-PPO (influence.py): it chooses prompts, not episodes; its validation
+    gradient is a policy gradient of the model's own answers, not the SFT gradient of reference
+    solutions; it ranks by cosine, not by a dot product; it does not reweight.
+    Our choices: it selects every iteration, from 2 batches by default (the paper ranks a chunk of
+    M candidates and trains several steps on the best M / q); each prompt's gradient is that of
+    the mean over its answers of the PPO loss with the recipe's advantages over the candidates
+    (GAE whitened over them: a group whose rewards are all equal still has nonzero advantages,
+    through the critic; the paper: GRPO's, where such a group's gradient is 0), and the
+    validation gradient is the sum of the validation prompts' (a cosine does not see the scale);
+    a zero gradient has cosine 0 (the code: similarity 0 for a group whose advantages are all
+    0); ties go to the earlier sampled; the kept prompts keep their sampled order. The paper
+    says cosine; the code's single-process similarity returns the plain dot product (its
+    normalisation is commented out), its multi-GPU one normalises both gradients, a cosine.
+    The token budget counts the validation answers too."""
+    rounds = [sample(k, cfg.samples_per_prompt) for k in range(cfg.gradalign_rounds)]
+    candidates = join_groups([(batch, j) for batch in rounds for j in range(len(batch.examples))])
+    answers = sample(0, cfg.samples_per_prompt, validation=True)
+    alignment = cosines(gradients(candidates), gradients(answers).sum(0))              # (candidates,)
+    chosen = torch.argsort(alignment, descending=True, stable=True)[:cfg.prompts_per_iter].sort().values
+    return replace(join_groups([(candidates, j) for j in chosen.tolist()]),
+                   generated_tokens=sum(batch.generated_tokens for batch in rounds) + answers.generated_tokens)
+
+
+def prompt_gradients(cfg, policy, buf, compute_advantages, timer) -> torch.Tensor:
+    """The rules' `gradients(buf)`: each prompt's policy gradient at theta_old (influence.group_gradients),
+    from pi_old, V_old and the recipe's advantages (train.compute_advantages) over the episodes of buf.
+    Returns (prompts, P)."""
+    with timer("influence"):
+        buf.rollouts.old_logprobs, buf.rollouts.values, buf.rollouts.ref_logprobs = old_and_ref_logprobs(
+            policy, buf.rollouts, cfg.temperature, cfg.gen_batch_size, ref=cfg.kl_beta > 0)
+        advantages = compute_advantages(cfg, buf)[0]
+        return group_gradients(policy, buf.rollouts, advantages, clip_eps=cfg.clip_eps, temperature=cfg.temperature)
+
+
+def cosines(grads: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """cos(grads_j, g) for each row j, in float64; 0 where either vector is 0. (G, P), (P,) -> (G,)"""
+    grads, g = grads.double(), g.double()
+    norms = grads.norm(dim=1) * g.norm()
+    return torch.where(norms > 0, (grads @ g) / norms.clamp(min=1e-300), torch.zeros_like(norms))
 
 
 def max_variance_subset(rewards: torch.Tensor, m: int) -> torch.Tensor:
@@ -216,4 +271,4 @@ def concatenate(parts: list):
 
 
 RULES = {"none": every_episode, "dapo": dynamic_sampling, "pods": max_variance_down_sampling,
-         "greso": selective_rollouts}
+         "greso": selective_rollouts, "gradalign": gradient_alignment}

@@ -13,10 +13,9 @@ Post-Training", arXiv 2604.01597. One iteration (the algorithm box, `ppo_iterati
     update      PPO epochs on the kept episodes D', per minibatch M of D':
                 (1/|M|) sum_{i in M} [w_i L_clip_i + c_v L_V_i - c_e H_i]        ppo.py
 
-`--influence off` is plain PPO; `--algo sft` trains on reference solutions (sft.py); `--selection`
-picks another rule for which rollouts the update learns from (selection.py). Each pass
-is computed as the box defines it (Definitions below) or, by default, with the exact speed-ups
-of speedups.py. The settings are in config.py, the run directory (crash-safe commits, resume)
+`--influence off` is plain PPO; `--algo sft` trains on reference solutions (sft.py); `--selection` picks
+another rule for which rollouts the update learns from (selection.py). Each pass is computed as the
+box defines it (Definitions below) or, by default, with the exact speed-ups of speedups.py. The settings are in config.py, the run directory (crash-safe commits, resume)
 in rundir.py, the records of an iteration in logbook.py; a NaN/inf stops the run naming the
 phase (optim.require_finite). `python train.py --help` lists every flag.
 
@@ -40,8 +39,8 @@ from accuracy import run_eval
 from config import Config, check_against_data, check_against_model, check_against_ranks, parse_config
 from distributed import SINGLE, Single
 from distributed import setup as setup_distributed
-from draws import (MINIBATCHES, ROUND, SAMPLING, derived_seed, filter_draw, iteration_prompts, planted_flips,
-                   validation_rows)
+from draws import (MINIBATCHES, ROUND, SAMPLING, VAL_SAMPLING, derived_seed, filter_draw, iteration_prompts,
+                   planted_flips, validation_rows)
 from influence import (binary_filter, dtv_filter, episode_gradients, filter_and_reweight, influence_scores,
                        loop_batch_scores, random_filter, sft_nll, shuffled_weights, validation_gradient)
 from logbook import Timer, evaluation_due, iteration_records, log_line, start_line
@@ -52,7 +51,7 @@ from ppo import gae, group_advantages, kl_penalized_rewards, masked_mean, policy
 from report import write_plots, write_report
 from reward import reward_fn
 from rollout import Rollouts, encode_pairs, generate_rollouts, old_and_ref_logprobs, token_logprobs
-from selection import RULES
+from selection import RULES, prompt_gradients
 from rundir import (commit_iteration, last_good_checkpoint_on_fault, open_run, record_start, restore_run,
                     selection_state, unlock_run_dir, write_atomic)
 from sft import sft_iteration, sft_term
@@ -61,20 +60,20 @@ from tasks import load_task, make_prompt
 
 # ----------------------------------------------------------------------------- the algorithm
 #
-# Under torchrun (distributed.py) each rank runs these functions on its share of the prompts;
-# every sum, mean or selection that the algorithm box defines over the whole batch goes through
-# `dist`, so K ranks compute the update of one process holding all K shares. In one process
-# `dist` is SINGLE and those calls do nothing.
+# Under torchrun (distributed.py) each rank runs these functions on its share of the prompts; every sum,
+# mean or selection that the algorithm box defines over the whole batch goes through `dist`, so K ranks
+# compute the update of one process holding all K shares. In one process `dist` is SINGLE: they do nothing.
 
-def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_examples, val_seqs, timer,
+def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, data, val_seqs, timer,
                   selection: dict, dist: Single = SINGLE) -> Buffer:   # selection: the --selection rule's state
     """One I-PPO iteration, the algorithm box of the paper, on this rank's share of the prompts.
     Returns its Buffer, from which logbook.iteration_records makes the run's records."""
     passes = passes_for(it, cfg, dist)   # how each pass below computes (the definitions, or --speedups)
-    # The samples and their rewards, in the Buffer that each phase below adds its part to; which
-    # prompts are sampled and which episodes go on is the --selection rule's (selection.py).
-    buf = RULES[cfg.selection](cfg, lambda k, n, keep=None: sample(it, k, n, cfg, policy, tokenizer, train_examples,
-                                                                    timer, dist, keep), selection)
+    # The samples and their rewards, in the Buffer that each phase below adds its part to; which prompts
+    # are sampled and which episodes go on is the --selection rule's (selection.py).
+    buf = RULES[cfg.selection](cfg, lambda k, n, keep=None, validation=False: sample(
+        it, k, n, cfg, policy, tokenizer, data, timer, dist, keep, validation), selection,
+        lambda b: prompt_gradients(cfg, policy, b, compute_advantages, timer))
     passes.old_policy(policy, buf.rollouts, timer)   # log pi_old, V_old (and log pi_ref at beta > 0)
     require_finite(it, "rollout", old_logprobs=buf.rollouts.old_logprobs, values=buf.rollouts.values,
                    ref_logprobs=buf.rollouts.ref_logprobs)
@@ -95,18 +94,20 @@ def ppo_iteration(it: int, cfg: Config, policy, tokenizer, optimizer, train_exam
     return buf
 
 
-def sample(it, k, n, cfg: Config, policy, tokenizer, train_examples, timer, dist=SINGLE, keep=None) -> Buffer:
+def sample(it, k, n, cfg: Config, policy, tokenizer, data, timer, dist=SINGLE, keep=None, validation=False) -> Buffer:
     """n responses to each of round k's training prompts of iteration `it` (draws.iteration_prompts: k = 0 the
-    iteration's own; k > 0 a selection rule's further ones), sampled at --temperature, with their rewards R_i
-    (after any planted flip). `keep(examples)`: the ones of them to sample, a rule's choice (selection.py)."""
+    iteration's own; k > 0 a rule's further ones; `keep`, `validation`: selection.py), sampled at --temperature,
+    with their rewards R_i (after any planted flip; validation problems' never flipped)."""
     # this rank's share of round k's prompts (all of them in one process), those the rule keeps
-    examples = (keep or list)(iteration_prompts(train_examples, it, k, cfg)[slice(*dist.span(cfg.prompts_per_iter))])
+    examples = ([data.val[i] for i in validation_rows(cfg.seed, it, cfg.gradalign_val, len(data.val))] if validation
+                else (keep or list)(iteration_prompts(data.train, it, k, cfg)[slice(*dist.span(cfg.prompts_per_iter))]))
     with timer("rollout"):
         rollouts = generate_rollouts(policy, tokenizer, [make_prompt(e.question, cfg.dataset) for e in examples], n_samples=n,
                                      max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, batch_size=cfg.gen_batch_size,
-                                     seed=derived_seed(cfg.seed, it, SAMPLING + ROUND * k, dist.rank), progress=cfg.progress)
+                                     seed=derived_seed(cfg.seed, it, VAL_SAMPLING if validation else SAMPLING + ROUND * k, dist.rank),
+                                     progress=cfg.progress)
     with timer("reward"):
-        flipped = planted_flips(cfg, it, len(rollouts), dist.rank, k)                    # (N,) bools
+        flipped = [False] * len(rollouts) if validation else planted_flips(cfg, it, len(rollouts), dist.rank, k)  # (N,)
         rewards = torch.tensor([reward_fn(text, examples[j].gold, cfg.dataset, bool(trunc), cfg.truncation_penalty, flip)
                                 for text, j, trunc, flip in zip(rollouts.responses, rollouts.prompt_index, rollouts.truncated,
                                                                 flipped)], device=rollouts.response_mask.device)  # (N,)
@@ -380,7 +381,7 @@ def train_loop(cfg: Config, start: int, run_dir: Path, policy, tokenizer, optimi
             metrics, episodes = sft_iteration(it, cfg, policy, tokenizer, optimizer, sft_examples, timer,
                                               passes_for(it, cfg, dist), dist)
         else:
-            buf = ppo_iteration(it, cfg, policy, tokenizer, optimizer, data.train, val_seqs, timer, selection, dist)
+            buf = ppo_iteration(it, cfg, policy, tokenizer, optimizer, data, val_seqs, timer, selection, dist)
             metrics, episodes = iteration_records(it, cfg, buf, dtype, dist)
         stop = cfg.stop_below_kept > 0 and metrics.get("kept_fraction", 1.0) < cfg.stop_below_kept
         if evaluation_due(cfg, it, stop):
@@ -399,8 +400,7 @@ def train_loop(cfg: Config, start: int, run_dir: Path, policy, tokenizer, optimi
 
 @dataclasses.dataclass
 class Data:
-    """The rows of a run: training prompts, validation solutions (g_val's, and --sft-data val's),
-    the evaluation rows, and where they came from (data.json)."""
+    """The rows of a run: training prompts, validation rows, evaluation rows, their sources (data.json)."""
     train: list
     val: list
     eval: list

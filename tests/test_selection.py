@@ -9,8 +9,8 @@ import draws
 import train
 from config import Config, check_against_ranks, parse_config
 from rollout import Rollouts
-from selection import (RULES, dynamic_sampling, every_episode, max_variance_down_sampling, max_variance_subset,
-                       selective_rollouts)
+from selection import (RULES, cosines, dynamic_sampling, every_episode, gradient_alignment, max_variance_down_sampling,
+                       max_variance_subset, selective_rollouts)
 from test_train import SMALL, comparable, metrics, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py
@@ -19,9 +19,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py
 def hand_made_sampler(rounds: list[list[list[float]]], calls: list):
     """sample(k, n) for selection rules: round k's prompt j gets the rewards rounds[k][j] (n of
     them). Responses are 2 + k tokens wide and prompts 3 + k, so that joining rounds pads."""
-    def sample(k, n, keep=None):
-        calls.append((k, n))
-        groups = rounds[k]
+    def sample(k, n, keep=None, validation=False):
+        calls.append((k, n) if not validation else ("validation", n))
+        groups = rounds[-1] if validation else rounds[k]
         assert all(len(g) == n for g in groups)
         N, P, T = len(groups) * n, 3 + k, 2 + k
         rollouts = Rollouts(prompt_ids=torch.full((N, P), 10 + k), prompt_mask=torch.ones(N, P, dtype=torch.long),
@@ -143,7 +143,8 @@ def test_whitening_sees_only_what_the_rule_kept(tiny_dir, tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("flags", [["--selection", "dapo", "--dapo-rounds", "2"],
-                                   ["--selection", "pods", "--pods-samples", "5"]])
+                                   ["--selection", "pods", "--pods-samples", "5"],
+                                   ["--selection", "gradalign", "--gradalign-rounds", "3", "--gradalign-val", "2"]])
 def test_a_run_of_each_rule_resumes_exactly(tiny_dir, tmp_path, flags):
     flags = ["--influence", "off", "--eval-every", "0", "--reward-noise", "0.3", *flags]
     full = run(tiny_dir, tmp_path / "full", "--iterations", "2", *flags)
@@ -163,6 +164,9 @@ def test_a_run_of_each_rule_resumes_exactly(tiny_dir, tmp_path, flags):
     (["--influence", "off", "--selection", "dapo", "--greso-target", "0.3"], "--greso-target: does nothing"),
     (["--influence", "off", "--selection", "greso", "--greso-target", "1.5"], "--greso-target"),
     (["--train-pool", "-1"], "--train-pool"),
+    (["--influence", "off", "--selection", "gradalign", "--gradalign-rounds", "1"], "--gradalign-rounds"),
+    (["--influence", "off", "--selection", "gradalign", "--gradalign-val", "0"], "--gradalign-val"),
+    (["--influence", "off", "--selection", "dapo", "--gradalign-val", "8"], "--gradalign-val: does nothing"),
 ])
 def test_a_rule_that_makes_no_sense_is_refused(argv, named):
     with pytest.raises(SystemExit, match=named):
@@ -270,3 +274,71 @@ def test_a_greso_run_on_a_small_pool_resumes_exactly_with_its_history(tiny_dir, 
     assert (full / "episodes.jsonl").read_text() == (part / "episodes.jsonl").read_text()
     state = lambda d: json.loads((d / "checkpoints" / "iter_000004" / "state.json").read_text())["selection"]  # noqa: E731
     assert state(full) == state(part) and state(full)["iterations"] == 4 and len(state(full)["streaks"]) == 3
+
+
+# ----------------------------------------------------------------------------- GradAlign
+
+def test_gradalign_keeps_the_candidates_whose_gradient_is_closest_in_cosine_to_the_validation_gradient():
+    rounds = [[[1, 0], [0, 0], [1, 1]],            # round 0: candidates 0-2
+              [[0, 1], [1, 0], [0, 0]],            # round 1: candidates 3-5
+              [[1, 0], [1, 1]]]                    # the validation problems' answers
+    # each candidate's gradient, and the validation prompts' (summed: (1, 1, 0), cosine ignores scale)
+    candidate = torch.tensor([[1.0, 1.0, 0.0], [5.0, 0.0, 0.0], [-1.0, -1.0, 0.0],
+                              [0.0, 0.0, 0.0], [2.0, 2.0, 1.0], [0.0, 0.0, 7.0]])
+    seen = []
+
+    def gradients(buffer):
+        seen.append(len(buffer.examples))
+        return candidate if len(buffer.examples) == 6 else torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+
+    calls = []
+    buf = gradient_alignment(Config(prompts_per_iter=3, samples_per_prompt=2, gradalign_rounds=2),
+                             hand_made_sampler(rounds, calls), {}, gradients)
+    assert calls == [(0, 2), (1, 2), ("validation", 2)] and seen == [6, 2]
+    # cosines: 1, 0.707, -1, 0 (a zero gradient), 0.943, 0: the best three are 0, 4 and 1, kept in sampled order
+    assert buf.examples == ["round 0 prompt 0", "round 0 prompt 1", "round 1 prompt 1"]
+    assert buf.rewards.tolist() == [1, 0, 0, 0, 1, 0] and buf.rollouts.prompt_index == [0, 0, 1, 1, 2, 2]
+    assert buf.rollouts.responses[4:] == ["round 1 prompt 1 answer 0", "round 1 prompt 1 answer 1"]
+    assert buf.generated_tokens == 6 * 2 + 6 * 3 + 4 * 2        # both rounds and the validation answers (round 0)
+    assert RULES["gradalign"] is gradient_alignment
+
+
+def test_cosines_against_torch_and_zero_for_a_zero_gradient():
+    g = torch.Generator().manual_seed(0)
+    grads, v = torch.randn(5, 40, generator=g), torch.randn(40, generator=g)
+    grads[2] = 0
+    expected = torch.nn.functional.cosine_similarity(grads.double(), v.double()[None], dim=1)
+    expected[2] = 0
+    torch.testing.assert_close(cosines(grads, v), expected)
+    assert cosines(grads, torch.zeros(40)).tolist() == [0.0] * 5
+    # ties go to the earlier candidate: equal cosines keep the sampled order
+    assert torch.argsort(cosines(torch.ones(3, 2), torch.ones(2)), descending=True, stable=True).tolist() == [0, 1, 2]
+
+
+def test_each_prompts_gradient_is_the_mean_of_its_episodes_gradients(tiny_dir):
+    from influence import episode_gradients, group_gradients
+    from test_influence import TEMPERATURE, make_buffer
+    policy, _, rollouts, advantages = make_buffer(tiny_dir)
+    episodes = episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE)
+    groups = group_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE)
+    index = torch.tensor(rollouts.prompt_index)
+    assert groups.shape == (len(set(rollouts.prompt_index)), episodes.shape[1])
+    for row, j in enumerate(dict.fromkeys(rollouts.prompt_index)):
+        torch.testing.assert_close(groups[row], episodes[index == j].mean(0), rtol=1e-4, atol=1e-6)
+
+
+def test_gradalign_candidates_come_from_a_stream_of_their_own():
+    cfg = Config(prompts_per_iter=4, seed=3, influence="off", selection="gradalign", gradalign_rounds=3)
+    big = [f"p{i}" for i in range(1000)]
+    further = [p for it in range(4) for k in (1, 2) for p in draws.iteration_prompts(big, it, k, cfg)]
+    assert len(set(further)) == len(further)                                # no further batch repeats another
+    assert draws.iteration_prompts(big, 1, 0, cfg) == [big[i] for i in draws.batch_indices(1000, 1, 4, 3)]   # PPO's
+
+
+def test_a_gradalign_run_samples_validation_answers_and_counts_their_tokens(tiny_dir, tmp_path):
+    run_dir = run(tiny_dir, tmp_path / "r", "--iterations", "1", "--eval-every", "0", "--influence", "off",
+                  "--selection", "gradalign", "--gradalign-val", "2")
+    row = metrics(run_dir)[0]
+    assert row["episodes"] == 6                                           # 2 prompts kept of 4, 3 answers each
+    # 4 candidates and 2 validation problems, 3 answers each: more than the kept episodes' tokens
+    assert row["generated_tokens"] > row["response_tokens"] * row["episodes"]

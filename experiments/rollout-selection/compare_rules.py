@@ -65,11 +65,12 @@ ARMS = {
     "ppo-sft": ("PPO + SFT term on the validation solutions", ["--influence", "off", "--sft-coef", "1",
                                                                "--sft-batch-size", "32"]),
     "greso": ("GRESO selective rollouts", ["--influence", "off", "--selection", "greso"]),
+    "gradalign": ("GradAlign", ["--influence", "off", "--selection", "gradalign"]),
 }
 RECIPE_ARMS = [arm for arm in ARMS if arm != "greso"]      # GRESO runs on the small pool only
 POOL, POOL_ARMS = ["--train-pool", "480"], ["ppo", "ippo", "dapo", "greso"]
-TUNED = ("dapo", "pods", "dtv")
-VALIDATION_ARMS = ("ippo", "binary", "random", "shuffled")   # judged against PPO + SFT too
+TUNED = ("dapo", "pods", "dtv", "gradalign")
+VALIDATION_ARMS = ("ippo", "binary", "random", "shuffled", "gradalign")   # judged against PPO + SFT too
 NOISE = 0.2
 FINAL_EVAL = ["--dataset", "arith", "--arith-terms", "3", "--metrics", "em,maj@8", "--samples", "8",
               "--temperature", "1.0", "--max-new-tokens", "40", "--limit", "0", "--batch-size", "128", "--seed", "0",
