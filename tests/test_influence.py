@@ -36,6 +36,20 @@ def buffer(tiny_dir):
     return make_buffer(tiny_dir)
 
 
+def same_gradient(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """assert actual == expected (rtol 1e-4), with a message that names the classic mistakes."""
+    if torch.allclose(actual, expected, rtol=1e-4, atol=1e-6):
+        return
+    if torch.allclose(actual, -expected, rtol=1e-4, atol=1e-6):
+        raise AssertionError(f"{what} has its sign flipped: it is the gradient of the objective (ascent), not of the "
+                             "loss L_i (descent). g_i is grad L_i, the loss that the update lowers.")
+    if actual.dim() == 2 and len(actual) > 1 and torch.allclose(actual, actual[:1].expand_as(actual)):
+        raise AssertionError(f"{what}: every row is the same vector, the gradient of the whole batch's loss. Row i "
+                             "must be the gradient of episode i's loss alone (one backward pass per episode).")
+    raise AssertionError(f"{what} differs from the gradient computed independently (largest difference "
+                         f"{(actual - expected).abs().max().item():.3g})")
+
+
 def test_episode_gradients_sum_to_gradient_of_summed_loss(buffer):
     policy, _, rollouts, advantages = buffer
     grads = episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE)
@@ -43,9 +57,11 @@ def test_episode_gradients_sum_to_gradient_of_summed_loss(buffer):
     total = policy_loss(logprobs, rollouts.old_logprobs, advantages, rollouts.response_mask, 0.2).sum()
     params = lora_parameters(policy)
     flat = torch.cat([g.reshape(-1) for g in torch.autograd.grad(total, params)])
-    assert grads.shape == (6, flat.numel())
-    assert (grads.norm(dim=1) > 0).all()
-    torch.testing.assert_close(grads.sum(0), flat, rtol=1e-4, atol=1e-6)
+    assert grads.shape == (6, flat.numel()), (
+        f"episode_gradients must return (N, P) = (6, {flat.numel()}): one flat gradient over the LoRA parameters "
+        f"per episode; got {tuple(grads.shape)}")
+    assert (grads.norm(dim=1) > 0).all(), "some episode's gradient is 0"
+    same_gradient(grads.sum(0), flat, "the sum of the episodes' gradients")
 
 
 def test_each_episode_gradient_equals_torch_func_gradient(buffer):
@@ -53,12 +69,15 @@ def test_each_episode_gradient_equals_torch_func_gradient(buffer):
     grads = episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE)
     wrapper = EpisodeLoss(policy)
     lora = {"policy." + n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" in n}
+    expected = []
     for i in range(len(rollouts)):
         episode = rollouts.select([i])
         per_sample = torch.func.grad(lambda params: torch.func.functional_call(
             wrapper, params, (episode, advantages[i:i + 1])))(lora)
-        expected = torch.cat([g.reshape(-1) for g in per_sample.values()])
-        torch.testing.assert_close(grads[i], expected, rtol=1e-4, atol=1e-6)
+        expected.append(torch.cat([g.reshape(-1) for g in per_sample.values()]))
+    assert grads.shape == (len(rollouts), len(expected[0])), (
+        f"episode_gradients must return (N, P) = ({len(rollouts)}, {len(expected[0])}); got {tuple(grads.shape)}")
+    same_gradient(grads, torch.stack(expected), "the episodes' gradients")
 
 
 class EpisodeLoss(torch.nn.Module):
@@ -82,9 +101,17 @@ def test_scores_are_explicit_dot_products(buffer):
     torch.testing.assert_close(g_val, direct, rtol=1e-4, atol=1e-7)
     grads = episode_gradients(policy, rollouts, advantages, clip_eps=0.2, temperature=TEMPERATURE)
     scores = influence_scores(grads, g_val)
-    for i in range(len(rollouts)):
-        explicit = sum(float(a) * float(b) for a, b in zip(grads[i].tolist(), g_val.tolist()))
-        assert scores[i].item() == pytest.approx(explicit, rel=1e-4, abs=1e-9)
+    explicit = [sum(float(a) * float(b) for a, b in zip(grads[i].tolist(), g_val.tolist())) for i in range(len(rollouts))]
+    assert scores.shape == (len(rollouts),), f"one score per episode, shape ({len(rollouts)},); got {tuple(scores.shape)}"
+    got = scores.tolist()
+    assert got != pytest.approx([-e for e in explicit], rel=1e-4, abs=1e-9), (
+        "the score's sign is flipped: s_i = g_i . g_val, both gradients of losses, is positive when a descent step "
+        "on episode i also lowers the validation loss")
+    cosine = [e / (grads[i].norm().item() * g_val.norm().item()) for i, e in enumerate(explicit)]
+    assert got != pytest.approx(cosine, rel=1e-4, abs=1e-9), (
+        "that is the cosine: I-PPO's score is the plain dot product g_i . g_val, not normalised by the norms")
+    assert got == pytest.approx(explicit, rel=1e-4, abs=1e-9), (
+        f"s_i must be the dot product g_i . g_val over all LoRA parameters: expected {explicit}, got {got}")
 
 
 def test_filter_and_reweight_invariants():
@@ -92,20 +119,29 @@ def test_filter_and_reweight_invariants():
     for _ in range(50):
         scores = torch.randn(int(torch.randint(1, 20, (1,), generator=g)), generator=g, dtype=torch.float64)
         keep, weights = filter_and_reweight(scores)
-        assert torch.equal(keep, scores > 0)
-        assert (weights[~keep] == 0).all() and (weights[keep] > 0).all()
+        assert torch.equal(keep, scores > 0), "keep must be exactly the episodes with s_i > 0"
+        assert (weights[~keep] == 0).all() and (weights[keep] > 0).all(), (
+            "dropped episodes must weigh 0 and kept ones more than 0")
         if keep.any():
-            assert weights[keep].mean().item() == pytest.approx(1.0)
+            assert weights[keep].mean().item() == pytest.approx(1.0), (
+                f"the kept weights must average to 1 over the kept episodes (w_i = s_i / mean of the kept s); their "
+                f"mean is {weights[keep].mean().item():.3f}" + (" (you divided by the mean over all episodes)"
+                if torch.allclose(weights[keep], scores[keep] / scores.mean()) else ""))
             # weights are proportional to the scores
             ratio = weights[keep] / scores[keep]
-            assert torch.allclose(ratio, ratio[0].expand_as(ratio))
+            assert torch.allclose(ratio, ratio[0].expand_as(ratio)), "the kept weights must be proportional to s_i"
 
 
 def test_nothing_kept_and_zero_scores_dropped():
-    keep, weights = filter_and_reweight(torch.tensor([-1.0, 0.0, -3.0]))
-    assert not keep.any() and (weights == 0).all()
     keep, weights = filter_and_reweight(torch.tensor([0.0, 2.0, 6.0]))
-    assert keep.tolist() == [False, True, True] and weights.tolist() == [0.0, 0.5, 1.5]
+    assert keep.tolist() == [False, True, True], (
+        "an episode whose score is exactly 0 is dropped: the filter keeps s_i > 0, not s_i >= 0")
+    assert weights.tolist() == [0.0, 0.5, 1.5], (
+        f"the kept weights must average to 1 over the kept episodes, w_i = s_i / mean of the kept s: scores "
+        f"[0, 2, 6] give [0, 0.5, 1.5]; got {weights.tolist()}")
+    keep, weights = filter_and_reweight(torch.tensor([-1.0, 0.0, -3.0]))
+    assert not keep.any() and (weights == 0).all(), (
+        "with no positive score nothing is kept and every weight is 0 (no division by an empty mean)")
 
 
 def test_binary_and_random_filters_keep_the_same_count():

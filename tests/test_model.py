@@ -12,11 +12,19 @@ def test_lora_linear_math():
     base = torch.nn.Linear(5, 3)
     layer = LoRALinear(base, rank=2, alpha=4.0)
     x = torch.randn(7, 5)
-    torch.testing.assert_close(layer(x), base(x))          # B = 0: exactly the base layer
+    assert torch.allclose(layer(x), base(x)), "a fresh adapter (B = 0) must leave the layer equal to the base layer"
     with torch.no_grad():
         layer.lora_B.normal_()
     expected = x @ base.weight.T + base.bias + 2.0 * x @ layer.lora_A.T @ layer.lora_B.T
-    torch.testing.assert_close(layer(x), expected)
+    got = layer(x)
+    assert got.shape == expected.shape, f"LoRA forward: output shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+    assert not torch.allclose(got, x @ base.weight.T + base.bias + x @ layer.lora_A.T @ layer.lora_B.T), (
+        "the adapter's update must be scaled by alpha / rank (self.scale, 2 here): y = W0 x + b0 + (alpha / rank) B A x")
+    assert torch.allclose(got, expected, atol=1e-5), "LoRA forward must be y = W0 x + b0 + (alpha / rank) B (A x)"
+    layer.enabled = False
+    assert torch.allclose(layer(x), base(x)), (
+        "with the adapters disabled (the reference policy, model.adapters_disabled) and no reference adapter, the "
+        "layer must be the base layer: use ref_A and ref_B, or nothing when they are None, while enabled is False")
     assert not base.weight.requires_grad and layer.lora_A.requires_grad
 
 
