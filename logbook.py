@@ -193,7 +193,7 @@ def noise_metrics(flipped: torch.Tensor, keep: torch.Tensor, scores: torch.Tenso
 # How far the sampler's log-probs of its own tokens may be from pi_old's before a warning, in
 # nats per token (largest over the batch's response tokens). Both are log-softmax(logits / T) of
 # the same weights, once through the KV-cache decode and once through the full forward, so they
-# differ by rounding alone. Measured on CPU (bench/sampler_drift.py, docs/sampler-drift.md): a
+# differ by rounding alone. Measured on CPU (bench/sampler_drift.py, docs/reliability.md): a
 # largest gap of 1.4e-5 (tiny world) and 1.7e-5 (Gemma-3-270M) in fp32, exactly 0 in bf16 on the
 # CPU's kernels. Our thresholds: 1e-3 in fp32, about 60 times the largest gap measured; 0.5 in
 # bf16, not measured on a GPU, where the decode and the full forward take different attention

@@ -156,6 +156,10 @@ def main(argv=None) -> Path:
     removed = [line for path, lines in removed for line in lines
                if normal(line) not in {normal(kept) for kept in path.read_text().splitlines()}]
     (out / "EXERCISES.md").write_text(exercises_md(exercises))
+    readme = out / "README.md"
+    if readme.exists():   # the copy has no tests/: its README's test command would fail
+        readme.write_text("> **A student's copy, with exercises.** Start with [EXERCISES.md](EXERCISES.md). The tests "
+                          "are not part of it: your instructor grades your copy.\n\n" + readme.read_text())
     found = leaks(out, removed)
     if found:
         shutil.rmtree(out)

@@ -80,3 +80,24 @@ def test_rollout_selection_reports_the_small_pool_in_a_table_of_its_own():
     assert "the recipe's prompts" in text[:text.index("the first 480 training prompts")]
     assert "| GRESO selective rollouts | 0, 1 |" in pool and "0.250 ± 0.635 |" in pool     # rollouts saved
     assert "| GRESO selective rollouts | 0, 1 | 0.500 ± 6.353 (no difference shown)" in pool     # minus PPO on the pool
+
+
+def test_lab_sheet_ranges_come_from_its_records():
+    lab = load("lab-sheet", "lab_runs")
+    assert lab.report(lab.json.loads(lab.RECORDS.read_text())) == (EXPERIMENTS / "lab-sheet" / "ranges.md").read_text()
+
+
+def test_lab_sheet_ranges_are_the_seeds_min_and_max_widened():
+    lab = load("lab-sheet", "lab_runs")
+
+    def record(arm, seed, em50, kept):
+        return {"name": f"{arm}-seed{seed}", "arm": arm, "seed": seed, "kept_first10": kept, "kept_last10": kept,
+                "evals": {"0": {"em": 0.244, "faithful": 0.17, "unfaithful": 0.3},
+                          "50": {"em": em50, "faithful": em50 / 2, "unfaithful": 0.4}},
+                "minutes": 3.0 + seed, "machine": "m", "code": "c"}
+    records = [record("ppo", s, em, None) for s, em in zip(lab.SEEDS, (0.30, 0.36, 0.33))]
+    records += [record("exercises", s, em, 0.5) for s, em in zip(lab.SEEDS, (0.40, 0.35, 0.38))]
+    text = lab.report(records)
+    assert "| ppo | greedy em at iteration 50 | 0.300, 0.360, 0.330 | 0.280 to 0.380 |" in text
+    assert "| exercises | greedy em gained by iteration 50 (points) | +15.6, +10.6, +13.6 | +8.6 to +17.6 |" in text
+    assert "| ippo | greedy em at iteration 50 | 0 of 3 runs | not run |" in text

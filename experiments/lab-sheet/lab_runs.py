@@ -102,6 +102,8 @@ def report(records: list[dict]) -> str:
         fmt = (lambda v: f"{v:+.1f}") if "points" in label else (lambda v: f"{v:.3f}")
         lines.append(f"| {arm} | {label} | {', '.join(fmt(v) for v in values)} | "
                      f"{fmt(min(values) - slack)} to {fmt(max(values) + slack)} |")
+    if not records:
+        return "\n".join(lines) + "\n"
     minutes = {arm: [r["minutes"] for r in records if r["arm"] == arm] for arm in ARMS}
     lines += ["", "Minutes a run (train.py's timed phases, evaluations included; two one-thread runs at a time):",
               ", ".join(f"{arm} {min(m):.1f}-{max(m):.1f}" for arm, m in minutes.items() if m) + ".",
