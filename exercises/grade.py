@@ -50,11 +50,16 @@ def student_code(source: str, exercise: Exercise, filename: str) -> dict:
     module = importlib.import_module(exercise.file.removesuffix(".py"))
     tree, lines = ast.parse(source), source.splitlines(keepends=True)
     namespace = dict(vars(module))
-    helpers = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
-               or (isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not hasattr(module, n.name))]
+    helpers = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) or new_name(n, module)]
     for node in helpers:
         exec(compile(segment(lines, node), filename, "exec"), namespace)
     functions = {}
+    for owner in {q.split(".")[0] for q in exercise.functions if "." in q}:   # methods the student added
+        node = find(tree, owner)
+        for method in (n for n in (node.body if node else []) if new_name(n, getattr(module, owner))):
+            local = {}
+            exec(compile(segment(lines, method), filename, "exec"), namespace, local)
+            functions[f"{owner}.{method.name}"] = local[method.name]
     for qualified in exercise.functions:
         node = find(tree, qualified)
         if node is None:
@@ -67,6 +72,16 @@ def student_code(source: str, exercise: Exercise, filename: str) -> dict:
         exec(compile(code, filename, "exec"), namespace, local)
         functions[qualified] = local[node.name]
     return functions
+
+
+def new_name(node: ast.AST, owner) -> bool:
+    """Is this a function, class or constant that the student added (the project's `owner` has none
+    of that name)?"""
+    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        return not hasattr(owner, node.name)
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    names = [t.id for t in targets if isinstance(t, ast.Name)]
+    return bool(names) and len(names) == len(targets) and not any(hasattr(owner, n) for n in names)
 
 
 def segment(lines: list[str], node: ast.AST) -> str:
@@ -100,13 +115,16 @@ def installed(exercise: Exercise, functions: dict):
             name = qualified
             owners = [m for m in list(sys.modules.values()) if getattr(m, name, None) is getattr(module, name)]
         for owner in owners:
-            undo.append((owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)))
+            undo.append((owner, name, owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)))
             setattr(owner, name, new)
     try:
         yield
     finally:
         for owner, name, old in reversed(undo):
-            setattr(owner, name, old)
+            if old is None and isinstance(owner, type):
+                delattr(owner, name)        # a method the student added
+            else:
+                setattr(owner, name, old)
 
 
 # ----------------------------------------------------------------------------- the tests

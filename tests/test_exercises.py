@@ -96,6 +96,23 @@ def influence_scores(episode_grads, g_val):
     assert verdict(exercise, source, fixtures)["passed"]
 
 
+def test_a_students_constants_and_helper_methods_are_graded_with_their_code(fixtures):
+    exercise = BY_NAME["lora"]
+    source = replaced(reference(exercise), {"LoRALinear.forward": '''
+def _update(self, x, A, B):
+    return self.scale * ((x.to(A.dtype) @ A.T) @ B.T) * ONE
+
+
+def forward(self, x):
+    y = self.base(x)
+    A, B = (self.lora_A, self.lora_B) if self.enabled else (self.ref_A, self.ref_B)
+    return y if A is None else y + self._update(x, A, B).to(y.dtype)
+'''}) + "\nONE = 1.0\n"
+    assert verdict(exercise, source, fixtures)["passed"]
+    from model import LoRALinear
+    assert not hasattr(LoRALinear, "_update")                              # taken away after grading
+
+
 def test_a_copy_from_the_handout_carries_no_solution_and_grades_as_written(tmp_path, fixtures):
     copy = handout.main([str(tmp_path / "student")])
     assert not (copy / "tests").exists() and not (copy / "exercises").exists() and (copy / "EXERCISES.md").exists()
