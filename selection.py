@@ -19,7 +19,8 @@ With validation=True it samples
 returns each prompt's policy gradient at theta_old, (prompts, P), with the recipe's advantages
 over that buffer (prompt_gradients; only GradAlign asks for it).
 `state` is the rule's own dict (JSON), kept from iteration to iteration and saved in every
-checkpoint, so that a resumed run goes on with it. Every draw comes from (seed, iteration,
+checkpoint, so that a resumed run goes on with it; what a rule puts in state["log"] goes into
+the iteration's metrics (metrics.jsonl, TensorBoard), not into the checkpoint. Every draw comes from (seed, iteration,
 round): a resumed run draws the same.
 
 What follows a rule is the same for every rule: pi_old and V_old of the episodes it returned,
@@ -78,6 +79,7 @@ def dynamic_sampling(cfg, sample, state, gradients=None, keep=None):
         kept += [(batch, j) for j in range(len(batch.examples)) if informative(batch, j)][:cfg.prompts_per_iter - len(kept)]
         if len(kept) == cfg.prompts_per_iter:
             break
+    state["log"] = {"selection_rounds": k + 1, "selection_groups_found": len(kept)}
     return replace(join_groups(kept) if kept else first, generated_tokens=generated)
 
 
@@ -139,6 +141,8 @@ def selective_rollouts(cfg, sample, state, gradients=None):
                                     ("p_hard", seen["hard"], 2 * cfg.greso_target / 3)):
             step = -0.01 if share / seen["sampled"] >= target else 0.01
             state[name] = round(min(max(state[name] + step, 0.05), 0.95), 6)
+    state["log"] |= {"selection_skipped": seen["skipped"], "selection_p_easy": state["p_easy"],
+                     "selection_p_hard": state["p_hard"]}
     return batch
 
 
@@ -197,6 +201,8 @@ def gradient_alignment(cfg, sample, state, gradients):
     answers = sample(0, cfg.samples_per_prompt, validation=True)
     alignment = cosines(gradients(candidates), gradients(answers).sum(0))              # (candidates,)
     chosen = torch.argsort(alignment, descending=True, stable=True)[:cfg.prompts_per_iter].sort().values
+    state["log"] = {"selection_cosine_kept": alignment[chosen].mean().item(),
+                    "selection_cosine_candidates": alignment.mean().item()}
     return replace(join_groups([(candidates, j) for j in chosen.tolist()]),
                    generated_tokens=sum(batch.generated_tokens for batch in rounds) + answers.generated_tokens)
 

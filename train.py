@@ -372,7 +372,6 @@ def train_loop(cfg: Config, start: int, run_dir: Path, policy, tokenizer, optimi
                dist: Single = SINGLE) -> None:
     """Iterations start..--iterations: the algorithm, its records, the evaluations when due, and
     a commit of each iteration to the run directory (rundir.commit_iteration)."""
-    dtype = next(policy.lm.parameters()).dtype
     selection = selection_state(run_dir) if start else {}   # the --selection rule's state (GRESO's prompt history)
     for it in range(start, cfg.iterations):
         timer = Timer()
@@ -382,7 +381,8 @@ def train_loop(cfg: Config, start: int, run_dir: Path, policy, tokenizer, optimi
                                               passes_for(it, cfg, dist), dist)
         else:
             buf = ppo_iteration(it, cfg, policy, tokenizer, optimizer, data, val_seqs, timer, selection, dist)
-            metrics, episodes = iteration_records(it, cfg, buf, dtype, dist)
+            metrics, episodes = iteration_records(it, cfg, buf, next(policy.lm.parameters()).dtype, dist)
+            metrics |= selection.pop("log", {})   # the --selection rule's own numbers of the iteration
         stop = cfg.stop_below_kept > 0 and metrics.get("kept_fraction", 1.0) < cfg.stop_below_kept
         if evaluation_due(cfg, it, stop):
             with timer("eval"):

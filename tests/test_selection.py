@@ -46,9 +46,10 @@ def test_dapo_keeps_the_groups_whose_rewards_differ_and_refills_from_later_round
               [[0, 0], [0, 1], [1, 1]],            # round 1: prompt 1
               [[1, 0], [0, 1], [1, 0]],            # round 2: all three, one is needed
               [[1, 0], [1, 0], [1, 0]]]            # never sampled: the batch is full after round 2
-    calls = []
-    buf = dynamic_sampling(Config(prompts_per_iter=3, samples_per_prompt=2, dapo_rounds=3), hand_made_sampler(rounds, calls), {})
+    calls, state = [], {}
+    buf = dynamic_sampling(Config(prompts_per_iter=3, samples_per_prompt=2, dapo_rounds=3), hand_made_sampler(rounds, calls), state)
     assert calls == [(0, 2), (1, 2), (2, 2)]
+    assert state["log"] == {"selection_rounds": 3, "selection_groups_found": 3}      # the iteration's metrics
     assert buf.examples == ["round 0 prompt 1", "round 1 prompt 1", "round 2 prompt 0"]
     assert buf.rewards.tolist() == [1, 0, 0, 1, 1, 0]
     assert buf.rollouts.prompt_index == [0, 0, 1, 1, 2, 2]
@@ -256,6 +257,8 @@ def test_greso_moves_p_towards_its_targets_within_bounds_and_never_samples_nothi
     selective_rollouts(cfg, greso_sampler(pool, lambda w: "right", calls), state)
     # "a" was met before: p moves. All-right share 1 >= 0.1: p_easy down; all-wrong share 0 < 0.2: p_hard up
     assert state["adapting"] and (state["p_easy"], state["p_hard"]) == (0.49, 0.06)
+    assert state.pop("log") == {"selection_rounds": 1, "selection_groups_found": 0, "selection_skipped": 0,
+                                "selection_p_easy": 0.49, "selection_p_hard": 0.06}   # the iteration's metrics
     state = {"streaks": {"a": [50, 0], "b": [50, 0]}, "p_easy": 0.05, "p_hard": 0.95, "adapting": True}
     for _ in range(5):   # streaks of 50: skipped with probability 0.99, yet a round is never empty
         calls = []
@@ -291,15 +294,18 @@ def test_gradalign_keeps_the_candidates_whose_gradient_is_closest_in_cosine_to_t
         seen.append(len(buffer.examples))
         return candidate if len(buffer.examples) == 6 else torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
 
-    calls = []
+    calls, state = [], {}
     buf = gradient_alignment(Config(prompts_per_iter=3, samples_per_prompt=2, gradalign_rounds=2),
-                             hand_made_sampler(rounds, calls), {}, gradients)
+                             hand_made_sampler(rounds, calls), state, gradients)
     assert calls == [(0, 2), (1, 2), ("validation", 2)] and seen == [6, 2]
     # cosines: 1, 0.707, -1, 0 (a zero gradient), 0.943, 0: the best three are 0, 4 and 1, kept in sampled order
     assert buf.examples == ["round 0 prompt 0", "round 0 prompt 1", "round 1 prompt 1"]
     assert buf.rewards.tolist() == [1, 0, 0, 0, 1, 0] and buf.rollouts.prompt_index == [0, 0, 1, 1, 2, 2]
     assert buf.rollouts.responses[4:] == ["round 1 prompt 1 answer 0", "round 1 prompt 1 answer 1"]
     assert buf.generated_tokens == 6 * 2 + 6 * 3 + 4 * 2        # both rounds and the validation answers (round 0)
+    c = 2 ** -0.5, 4 / 18 ** 0.5
+    assert state["log"]["selection_cosine_kept"] == pytest.approx((1 + c[0] + c[1]) / 3)
+    assert state["log"]["selection_cosine_candidates"] == pytest.approx((1 + c[0] - 1 + c[1]) / 6)
     assert RULES["gradalign"] is gradient_alignment
 
 
@@ -340,5 +346,6 @@ def test_a_gradalign_run_samples_validation_answers_and_counts_their_tokens(tiny
                   "--selection", "gradalign", "--gradalign-val", "2")
     row = metrics(run_dir)[0]
     assert row["episodes"] == 6                                           # 2 prompts kept of 4, 3 answers each
+    assert -1 <= row["selection_cosine_candidates"] <= row["selection_cosine_kept"] <= 1
     # 4 candidates and 2 validation problems, 3 answers each: more than the kept episodes' tokens
     assert row["generated_tokens"] > row["response_tokens"] * row["episodes"]
