@@ -5,23 +5,21 @@ which of the sampled episodes go on to the update. train.ppo_iteration calls it 
 
     rule(cfg, sample, state, gradients) -> train.Buffer
 
-`sample(k, n, keep=None, validation=False)` samples n responses to each prompt of round k of the iteration and
-rewards them: k = 0 is the iteration's own --prompts-per-iter prompts, where every rule starts;
-k >= 1 are further batches, from a stream of their own, so that a rule that asks for more takes
-no later iteration's (draws.iteration_prompts); k also seeds the sampler and the planted noise.
-`keep(examples)`, if given, returns the prompts to sample among them, at least one (a rule
-that skips some before spending rollouts on them). It returns a
-train.Buffer holding examples, rollouts (rollouts.prompt_index into examples), rewards, flipped
-and generated_tokens. A rule returns such a Buffer: the episodes the update learns from,
-`generated_tokens` counting every response token it sampled (dropped episodes included).
-With validation=True it samples
---gradalign-val validation problems instead (their rewards never flipped). `gradients(buffer)`
-returns each prompt's policy gradient at theta_old, (prompts, P), with the recipe's advantages
-over that buffer (prompt_gradients; only GradAlign asks for it).
-`state` is the rule's own dict (JSON), kept from iteration to iteration and saved in every
-checkpoint, so that a resumed run goes on with it; what a rule puts in state["log"] goes into
-the iteration's metrics (metrics.jsonl, TensorBoard), not into the checkpoint. Every draw comes from (seed, iteration,
-round): a resumed run draws the same.
+`sample(k, n, keep=None, validation=False)` samples n responses to each prompt of round k of the
+iteration and rewards them: k = 0 is the iteration's own --prompts-per-iter prompts, where every
+rule starts; k >= 1 are further batches, from a stream of their own, so that a rule that asks for
+more takes no later iteration's (draws.iteration_prompts); k also seeds the sampler and the planted
+noise. `keep(examples)`, if given, returns the prompts to sample among them, at least one (a rule
+that skips some before spending rollouts on them); validation=True samples --gradalign-val
+validation problems instead (their rewards never flipped). It returns a train.Buffer holding
+examples, rollouts (rollouts.prompt_index into examples), rewards, flipped and generated_tokens.
+A rule returns such a Buffer: the episodes the update learns from, `generated_tokens` counting
+every response token it sampled (dropped episodes included). `gradients(buffer)` returns each
+prompt's policy gradient at theta_old, (prompts, P), with the recipe's advantages over that buffer
+(prompt_gradients; only GradAlign asks for it). `state` is the rule's own dict (JSON), kept from
+iteration to iteration and saved in every checkpoint, so that a resumed run goes on with it; what a
+rule puts in state["log"] goes into the iteration's metrics (metrics.jsonl, TensorBoard), not into
+the checkpoint. Every draw comes from (seed, iteration, round): a resumed run draws the same.
 
 What follows a rule is the same for every rule: pi_old and V_old of the episodes it returned,
 the recipe's advantages over those episodes only (GAE whitened over them, or with --advantage
