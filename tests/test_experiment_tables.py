@@ -101,3 +101,12 @@ def test_lab_sheet_ranges_are_the_seeds_min_and_max_widened():
     assert "| ppo | greedy em at iteration 50 | 0.300, 0.360, 0.330 | 0.280 to 0.380 |" in text
     assert "| exercises | greedy em gained by iteration 50 (points) | +15.6, +10.6, +13.6 | +8.6 to +17.6 |" in text
     assert "| ippo | greedy em at iteration 50 | 0 of 3 runs | not run |" in text
+
+
+def test_every_range_the_lab_sheet_quotes_is_one_its_runs_gave():
+    import re
+    sheet = (ROOT / "docs" / "lab.md").read_text()
+    ranges = (EXPERIMENTS / "lab-sheet" / "ranges.md").read_text()
+    measured = set(re.findall(r"\| ([+-]?\d+\.\d+ to [+-]?\d+\.\d+) \|", ranges))
+    quoted = re.findall(r"[+-]?\d+\.\d+ to [+-]?\d+\.\d+", sheet)
+    assert quoted and set(quoted) <= measured, set(quoted) - measured
