@@ -2,10 +2,10 @@
 
     python exercises/grade.py COPY [--exercises gae,...] [--json grades.json]
 
-For each exercise, the student's functions are read from COPY (their source, with any helper
-functions and imports they added to the file) and put in the place of the project's own, one
-exercise at a time (so that one wrong answer does not fail the next exercise), and the
-exercise's tests run: the project's own oracle tests from tests/ (catalog.py lists them), in one
+For each exercise, the student's file is imported from COPY as a module of its own (its imports
+of the other concept files get the project's), its functions for the exercise are put in the
+place of the project's own, one exercise at a time (so that one wrong answer does not fail the
+next exercise), and the exercise's tests run: the project's own oracle tests from tests/ (catalog.py lists them), in one
 process, without pytest. The first test that fails gives the exercise's message; the tests that
 catch a classic mistake say so in words. The grades are printed and written as JSON (--json) for
 a course's autograder: {"exercises": [{"name", "passed", "message", "checks": [...]}, ...],
@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import importlib.util
 import inspect
 import itertools
 import json
 import os
 import sys
 import tempfile
-import textwrap
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,51 +44,49 @@ NOT_WRITTEN = "not written yet: {what} still raise{s} NotImplementedError"
 # ----------------------------------------------------------------------------- the student's code
 
 def student_code(source: str, exercise: Exercise, filename: str) -> dict:
-    """{qualified name: function object} compiled from the student's module source: each of the
-    exercise's functions, in a copy of the project module's namespace, with the imports and the
-    new top-level functions and classes of the student's file (their helpers) added to it."""
-    module = importlib.import_module(exercise.file.removesuffix(".py"))
-    tree, lines = ast.parse(source), source.splitlines(keepends=True)
-    namespace = dict(vars(module))
-    helpers = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) or new_name(n, module)]
-    for node in helpers:
-        exec(compile(segment(lines, node), filename, "exec"), namespace)
-    functions = {}
-    for owner in {q.split(".")[0] for q in exercise.functions if "." in q}:   # methods the student added
-        node = find(tree, owner)
-        for method in (n for n in (node.body if node else []) if new_name(n, getattr(module, owner))):
-            local = {}
-            exec(compile(segment(lines, method), filename, "exec"), namespace, local)
-            functions[f"{owner}.{method.name}"] = local[method.name]
+    """{qualified name: function object} of the exercise's functions in the student's module
+    source, imported as a module of its own (its imports of the other concept files resolve to
+    the project's, so that each exercise is graded alone); for an exercise on a class's method,
+    the methods the student added to that class too."""
+    tree = ast.parse(source, filename)   # a SyntaxError names the student's line
     for qualified in exercise.functions:
         node = find(tree, qualified)
         if node is None:
             raise LookupError(f"{exercise.file} has no {qualified} any more: keep its name and signature")
-        code = segment(lines, node)
         if any(isinstance(n, ast.Name) and n.id == "speedups" or isinstance(n, ast.ImportFrom) and n.module == "speedups"
                or isinstance(n, ast.Import) and any(a.name == "speedups" for a in n.names) for n in ast.walk(node)):
             raise LookupError(f"{qualified} uses speedups.py: write the definition itself, not the speed-up")
-        local = {}
-        exec(compile(code, filename, "exec"), namespace, local)
-        functions[qualified] = local[node.name]
+    student = load_module(source, exercise)
+    project = importlib.import_module(exercise.file.removesuffix(".py"))
+    functions = {}
+    for qualified in exercise.functions:
+        owner, _, name = qualified.rpartition(".")
+        cls = getattr(student, owner) if owner else None
+        functions[qualified] = cls.__dict__[name] if cls else getattr(student, name)
+        if cls:   # methods the student added to the class
+            functions |= {f"{owner}.{k}": v for k, v in vars(cls).items()
+                          if inspect.isfunction(v) and not hasattr(getattr(project, owner), k)}
     return functions
 
 
-def new_name(node: ast.AST, owner) -> bool:
-    """Is this a function, class or constant that the student added (the project's `owner` has none
-    of that name)?"""
-    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-        return not hasattr(owner, node.name)
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-    names = [t.id for t in targets if isinstance(t, ast.Name)]
-    return bool(names) and len(names) == len(targets) and not any(hasattr(owner, n) for n in names)
+_loaded = itertools.count()
 
 
-def segment(lines: list[str], node: ast.AST) -> str:
-    """A top-level or class-level statement's source, dedented, at its own line numbers (blank
-    lines before it), so that a traceback names the line of the student's file."""
-    start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
-    return "\n" * (start - 1) + textwrap.dedent("".join(lines[start - 1:node.end_lineno]))
+def load_module(source: str, exercise: Exercise):
+    """The student's module source imported under a name of its own, from a file that bears the
+    concept file's name (so that a traceback names it), in a fresh temporary folder."""
+    folder = Path(tempfile.mkdtemp(prefix="student-"))
+    path = folder / exercise.file
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"student_{next(_loaded)}_{path.stem}", path)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)   # dataclasses look it up there
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:   # noqa: BLE001: what stops the student's file from importing, in words
+        raise LookupError(f"your {exercise.file} does not import: {type(err).__name__}: {err}") from err
+    finally:
+        del sys.modules[spec.name]
+    return module
 
 
 def find(tree: ast.Module, qualified: str):
@@ -191,7 +189,7 @@ def explain(err: Exception, spec: str, student_file: str) -> str:
             return " ".join(str(err).split())
         last = next((f for f in reversed(frames) if f.filename.endswith(spec.split("::")[0].split("/")[-1])), frames[-1])
         return f"a check of {spec.split('::')[1]} failed: `{(last.line or '').strip()}`"
-    mine = [f for f in frames if f.filename == student_file]
+    mine = [f for f in frames if Path(f.filename).name == Path(student_file).name and "student-" in f.filename]
     where = f" at line {mine[-1].lineno} of your {Path(student_file).name}: `{(mine[-1].line or '').strip()}`" if mine else ""
     return f"{type(err).__name__}: {' '.join(str(err).split())}{where}"
 
@@ -203,8 +201,11 @@ def grade_exercise(exercise: Exercise, source: str, fixtures: Fixtures, student_
               "functions": list(exercise.functions), "checks": []}
     try:
         functions = student_code(source, exercise, student_file)
-    except (LookupError, SyntaxError) as err:
-        result.update(passed=False, message=f"{type(err).__name__ if isinstance(err, SyntaxError) else 'cannot grade'}: {err}")
+    except SyntaxError as err:
+        result.update(passed=False, message=f"SyntaxError at line {err.lineno} of your {exercise.file}: {err.msg}")
+        return result
+    except LookupError as err:
+        result.update(passed=False, message=f"cannot grade: {err}")
         return result
     for spec in exercise.tests:   # imported before the student's code is installed: each binds the project's
         importlib.import_module(Path(spec.split("::")[0]).stem)
