@@ -145,7 +145,7 @@ def test_whitening_sees_only_what_the_rule_kept(tiny_dir, tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("flags", [["--selection", "dapo", "--dapo-rounds", "2"],
                                    ["--selection", "pods", "--pods-samples", "5"],
-                                   ["--selection", "gradalign", "--gradalign-rounds", "3", "--gradalign-val", "2"]])
+                                   ["--selection", "gradalign", "--gradalign-val", "2"]])
 def test_a_run_of_each_rule_resumes_exactly(tiny_dir, tmp_path, flags):
     flags = ["--influence", "off", "--eval-every", "0", "--reward-noise", "0.3", *flags]
     full = run(tiny_dir, tmp_path / "full", "--iterations", "2", *flags)
