@@ -99,6 +99,14 @@ def find(tree: ast.Module, qualified: str):
     return node
 
 
+def bound(module, name: str):
+    """module.name, or None (some modules raise more than AttributeError for a name they lack)."""
+    try:
+        return getattr(module, name, None)
+    except Exception:   # noqa: BLE001
+        return None
+
+
 @contextmanager
 def installed(exercise: Exercise, functions: dict):
     """The student's functions in place of the project's, wherever the project's are bound: the
@@ -111,7 +119,7 @@ def installed(exercise: Exercise, functions: dict):
             owners = [getattr(module, owner_name)]
         else:
             name = qualified
-            owners = [m for m in list(sys.modules.values()) if getattr(m, name, None) is getattr(module, name)]
+            owners = [m for m in list(sys.modules.values()) if bound(m, name) is getattr(module, name)]
         for owner in owners:
             undo.append((owner, name, owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)))
             setattr(owner, name, new)
