@@ -3,8 +3,8 @@
 The design (arms, seeds, budgets, the numbers each claim is judged on) is fixed in README.md,
 beside this file, before the first run. Phases:
 
-    tune    on held-out training rows (--eval-split dev, 400 rows): DAPO's, PODS's and DTV's
-            learning rate; seeds 0-1; the rule: highest mean dev em over iterations 50-150
+    tune    on held-out training rows (--eval-split dev, 400 rows): DAPO's, PODS's, DTV's and
+            GradAlign's learning rate; seeds 0-1; the rule: highest mean dev em over iterations 50-150
     test    the test split (500 problems): every arm, seeds 0-4, reward noise 0
     noise   PPO, I-PPO and the better of DAPO and PODS at noise 0, at --reward-noise 0.2
     pool    GRESO beside PPO, I-PPO and DAPO on the first 480 training prompts (--train-pool 480)
