@@ -201,11 +201,12 @@ def summarize(job: dict) -> dict:
     steps = at(evals[-1]) | {"maj8": maj8(job["run_dir"], ITERATIONS) if job["phase"] != "tune" else None}
     latest = (job["run_dir"] / "checkpoints" / "latest")
     rule = json.loads((latest.parent / latest.read_text().strip() / "state.json").read_text()).get("selection", {})
-    return {"saved": rule["skipped"] / (rule["skipped"] + rule["sampled"]) if rule.get("sampled") else None,"name": job["name"], "arm": job["arm"], "seed": job["seed"], "phase": job["phase"],
+    saved = rule["skipped"] / (rule["skipped"] + rule["sampled"]) if rule.get("sampled") else None   # GRESO's
+    return {"name": job["name"], "arm": job["arm"], "seed": job["seed"], "phase": job["phase"],
             "setting": job["setting"], "noise": job["noise"], "machine": machine(), "code": code_version(),
             "run_dir": str(job["run_dir"]), "steps": steps, "tokens": None, "generated_tokens": tokens,
             "scored_mean": statistics.mean(r["eval_accuracy"] for r in evals if r["iteration"] in SCORED),
-            "curve": curve}
+            "saved": saved, "curve": curve}
 
 
 def read_records(path: Path = RECORDS) -> list[dict]:
