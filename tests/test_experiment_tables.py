@@ -110,3 +110,29 @@ def test_every_range_the_lab_sheet_quotes_is_one_its_runs_gave():
     measured = set(re.findall(r"\| ([+-]?\d+\.\d+ to [+-]?\d+\.\d+) \|", ranges))
     quoted = re.findall(r"[+-]?\d+\.\d+ to [+-]?\d+\.\d+", sheet)
     assert quoted and set(quoted) <= measured, set(quoted) - measured
+
+
+def test_rollout_selection_report_comes_from_its_records():
+    rules = load("rollout-selection", "compare_rules")
+    costs = rules.json.loads(rules.COSTS.read_text())["seconds_per_iteration"] if rules.COSTS.exists() else {}
+    assert rules.report(rules.read_records(), costs) == (EXPERIMENTS / "rollout-selection" / "report.md").read_text()
+
+
+def test_rollout_selection_decides_the_readme_claims_paired_by_seed():
+    rules = load("rollout-selection", "compare_rules")
+    flat = [0.4] * 16
+    records = []
+    for s in range(3):
+        records += [fake_record("ppo", s, flat, 100), fake_record("ippo", s, [0.4 + 0.01 * (s + 1)] * 16, 100),
+                    fake_record("binary", s, [0.4 + 0.01 * (s + 1) - 0.001] * 16, 100),   # I-PPO 0.1 pt ahead each seed
+                    fake_record("random", s, [0.5 + 0.01 * s] * 16, 100),                  # I-PPO 9 pt behind each seed
+                    fake_record("ppo", s, [0.3] * 16, 100, noise=0.2),                     # PPO loses 10 pt to noise
+                    fake_record("ippo", s, [0.35 - 0.01 * s] * 16, 100, noise=0.2)]        # I-PPO loses 6, 8, 10
+    text = "\n".join(rules.claims(records))
+    assert "| reweighting beats the binary filter: final em, I-PPO - binary | 3 | +0.1 ± 0.0 pt, held |" in text
+    assert "| influence beats the random filter: final em, I-PPO - random | 3 | -9.0 ± 0.0 pt, reversed |" in text
+    # under noise I-PPO - PPO = 5, 4, 3 points: +4.0 ± 2.5
+    assert "| I-PPO beats PPO under 20% reward noise: final em, I-PPO - PPO | 3 | +4.0 ± 2.5 pt, held |" in text
+    # lost to noise: I-PPO -6, -8, -10; PPO -10 each: +4, +2, 0 -> +2.0 ± 5.0, not shown
+    assert "I-PPO's - PPO's | 3 | +2.0 ± 5.0 pt, not shown |" in text
+    assert "| 0 | n/a |" in "\n".join(rules.claims([r for r in records if r["arm"] == "ppo"]))
