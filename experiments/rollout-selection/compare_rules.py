@@ -294,12 +294,11 @@ def claims(records: list[dict]) -> list[str]:
         return {r["seed"]: r["steps"]["em"] for r in records if r["phase"] == "test" and r["arm"] == arm
                 and r["noise"] == noise}
 
-    def judged(diffs: list[float]) -> str:
+    def judged(diffs: list[float]) -> str:   # verdict()'s words, as the claims table says them
         if len(diffs) < 2:
             return "n/a"
-        mean, half = statistics.mean(diffs), half_width_95(diffs)
-        word = "held" if mean - half > 0 else "reversed" if mean + half < 0 else "not shown"
-        return f"{mean:+.1f} ± {half:.1f} pt, {word}"
+        word = {"ahead": "held", "behind": "reversed", "no difference shown": "not shown"}[verdict(diffs)]
+        return f"{statistics.mean(diffs):+.1f} ± {half_width_95(diffs):.1f} pt, {word}"
 
     rows = []
     for claim, (arm, against, noise) in CLAIMS.items():
