@@ -220,10 +220,11 @@ def write_records(records: list[dict], path: Path = RECORDS) -> None:
 
 
 def record(job: dict) -> None:
-    """Add the run's summary to records.jsonl, once."""
+    """Add the run's summary to records.jsonl, once, and the token-budget numbers of every
+    record whose PPO run is now there (so a phase stopped halfway still has both budgets)."""
     records = read_records()
     if not any(r["name"] == job["name"] for r in records):
-        write_records([*records, summarize(job)])
+        write_records(token_budget_results([*records, summarize(job)]))
 
 
 def token_budget_results(records: list[dict]) -> list[dict]:
@@ -354,7 +355,8 @@ def report(records: list[dict], costs: dict) -> str:
                     cells = []
                     for key in JUDGED:
                         diffs = [100 * (runs[s][budget][key] - base[s][budget][key]) for s in seeds]
-                        cells.append(f"{mean_ci(diffs)} ({verdict(diffs)})")
+                        cells.append(f"{diffs[0]:+.3f} (1 seed, not judged)" if len(diffs) == 1
+                                     else f"{mean_ci(diffs)} ({verdict(diffs)})")
                     rows.append(f"| {ARMS[arm][0]} | {', '.join(map(str, seeds))} | " + " | ".join(cells) + " |")
                 if rows:
                     lines += ["", f"Each arm minus {ARMS[against][0]}, paired by seed (points, mean ± 95% t half-width):",
