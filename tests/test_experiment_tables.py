@@ -47,8 +47,9 @@ def fake_record(arm, seed, ems, tokens_per_iteration, noise=0.0):
             "tokens": None, "scored_mean": 0.0, "curve": curve}
 
 
-def test_rollout_selection_judges_each_rule_at_both_budgets():
+def test_rollout_selection_judges_each_rule_at_both_budgets(monkeypatch):
     rules = load("rollout-selection", "compare_rules")
+    monkeypatch.setattr(rules, "TEST_SEEDS", [0, 1, 2])       # a design of 3 seeds: judged once all 3 are in
     ramp = [0.2 + 0.02 * k for k in range(16)]                 # 0.20 .. 0.50
     records = [fake_record("ppo", s, ramp, 100) for s in range(3)]
     records += [fake_record("pods", s, [e + 0.01 * (s + 1) for e in ramp], 200) for s in range(3)]   # 2x the tokens
@@ -67,8 +68,9 @@ def test_rollout_selection_judges_each_rule_at_both_budgets():
     assert "| 1.00 | 1.00 |" in steps and "| 1.50 | 1.40 |" in steps
 
 
-def test_rollout_selection_reports_the_small_pool_in_a_table_of_its_own():
+def test_rollout_selection_reports_the_small_pool_in_a_table_of_its_own(monkeypatch):
     rules = load("rollout-selection", "compare_rules")
+    monkeypatch.setattr(rules, "TEST_SEEDS", [0, 1])
     ramp = [0.2 + 0.02 * k for k in range(16)]
     records = [fake_record("ppo", s, ramp, 100) for s in range(2)]
     for s in range(2):
@@ -118,8 +120,9 @@ def test_rollout_selection_report_comes_from_its_records():
     assert rules.report(rules.read_records(), costs) == (EXPERIMENTS / "rollout-selection" / "report.md").read_text()
 
 
-def test_rollout_selection_decides_the_readme_claims_paired_by_seed():
+def test_rollout_selection_decides_the_readme_claims_paired_by_seed(monkeypatch):
     rules = load("rollout-selection", "compare_rules")
+    monkeypatch.setattr(rules, "TEST_SEEDS", [0, 1, 2])
     flat = [0.4] * 16
     records = []
     for s in range(3):
@@ -136,3 +139,7 @@ def test_rollout_selection_decides_the_readme_claims_paired_by_seed():
     # lost to noise: I-PPO -6, -8, -10; PPO -10 each: +4, +2, 0 -> +2.0 ± 5.0, not shown
     assert "I-PPO's - PPO's | 3 | +2.0 ± 5.0 pt, not shown |" in text
     assert "| 0 | n/a |" in "\n".join(rules.claims([r for r in records if r["arm"] == "ppo"]))
+    # a phase under way: its numbers, no verdict on 2 of the design's 3 seeds
+    partial = "\n".join(rules.claims([r for r in records if r["seed"] < 2]))
+    assert "I-PPO - random | 2 | -9.0 ± 0.0 pt, 2 of 3 seeds, not judged |" in partial
+    assert "(1 of 3 seeds, not judged)" in rules.report([r for r in records if r["seed"] == 0], {})

@@ -260,8 +260,10 @@ def mean_ci(values: list[float]) -> str:
 
 
 def verdict(diffs: list[float]) -> str:
-    if len(diffs) < 2:
-        return "too few seeds"
+    """The judged words of paired differences: only once every seed of the design is there (a
+    phase under way shows its numbers, not a verdict on a part of its seeds)."""
+    if len(diffs) < len(TEST_SEEDS):
+        return f"{len(diffs)} of {len(TEST_SEEDS)} seeds, not judged"
     mean, half = statistics.mean(diffs), half_width_95(diffs)
     return "ahead" if mean - half > 0 else "behind" if mean + half < 0 else "no difference shown"
 
@@ -296,10 +298,11 @@ def claims(records: list[dict]) -> list[str]:
                 and r["noise"] == noise}
 
     def judged(diffs: list[float]) -> str:   # verdict()'s words, as the claims table says them
-        if len(diffs) < 2:
+        if not diffs:
             return "n/a"
-        word = {"ahead": "held", "behind": "reversed", "no difference shown": "not shown"}[verdict(diffs)]
-        return f"{statistics.mean(diffs):+.1f} ± {half_width_95(diffs):.1f} pt, {word}"
+        value = f"{statistics.mean(diffs):+.1f}" + (f" ± {half_width_95(diffs):.1f}" if len(diffs) > 1 else "")
+        word = {"ahead": "held", "behind": "reversed", "no difference shown": "not shown"}.get(verdict(diffs), verdict(diffs))
+        return f"{value} pt, {word}"
 
     rows = []
     for claim, (arm, against, noise) in CLAIMS.items():
@@ -355,7 +358,7 @@ def report(records: list[dict], costs: dict) -> str:
                     cells = []
                     for key in JUDGED:
                         diffs = [100 * (runs[s][budget][key] - base[s][budget][key]) for s in seeds]
-                        cells.append(f"{diffs[0]:+.3f} (1 seed, not judged)" if len(diffs) == 1
+                        cells.append(f"{diffs[0]:+.3f} ({verdict(diffs)})" if len(diffs) == 1
                                      else f"{mean_ci(diffs)} ({verdict(diffs)})")
                     rows.append(f"| {ARMS[arm][0]} | {', '.join(map(str, seeds))} | " + " | ".join(cells) + " |")
                 if rows:
