@@ -301,8 +301,8 @@ def claims(records: list[dict]) -> list[str]:
         if not diffs:
             return "n/a"
         value = f"{statistics.mean(diffs):+.1f}" + (f" ± {half_width_95(diffs):.1f}" if len(diffs) > 1 else "")
-        word = {"ahead": "held", "behind": "reversed", "no difference shown": "not shown"}.get(verdict(diffs), verdict(diffs))
-        return f"{value} pt, {word}"
+        word = verdict(diffs)
+        return f"{value} pt, {({'ahead': 'held', 'behind': 'reversed', 'no difference shown': 'not shown'}).get(word, word)}"
 
     rows = []
     for claim, (arm, against, noise) in CLAIMS.items():
